@@ -36,6 +36,7 @@ import math
 import os
 import secrets
 import signal
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -44,6 +45,7 @@ from .demo_loop import Demo, Stop
 from .scenario import Scenario, default_faults, parse_inject, soak_faults
 
 LOCK_NAME = "lightkeeper-demo.lock"
+MAX_LOOPBACK_HOSTS = 250  # 127.0.0.2..127.0.0.251
 LEDGER_WAIT_S = Scenario.ledger_wait_s  # the default wait for the ledger's back-at-pace verdicts
 
 
@@ -148,12 +150,31 @@ def _report_dir(given: str | None) -> Path | None:
     base = next(p for p in (path, *path.parents) if p.exists())
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):  # EROFS too
         raise ValueError(f"{given}: cannot write in {base}")
-    if os.geteuid() == 0 and path.exists():
-        st = path.stat()  # root's spare hosts read what to run from files in it
-        if st.st_uid != 0 or st.st_mode & 0o022:
-            raise ValueError(f"{given}: a directory another user owns or may write in; as root "
-                             "the demo runs what it reads there: give one of root's")
+    if path.exists():
+        _check_owner(path.stat(), given)
     return path
+
+
+def _check_owner(st: os.stat_result, given: str | Path) -> None:
+    """As root, ValueError unless ``st`` is a directory root owns that no one else may write in:
+    root's spare hosts read what to run from files in it."""
+    if os.geteuid() == 0 and (not stat.S_ISDIR(st.st_mode) or st.st_uid != 0
+                              or st.st_mode & 0o022):
+        raise ValueError(f"{given}: a directory another user owns or may write in; as root "
+                         "the demo runs what it reads there: give one of root's")
+
+
+def _make_report_dir(path: Path) -> None:
+    """Create ``--report-dir`` (0o700), or take the one there, and look at it again: since
+    :func:`_report_dir` looked, another user may have made it or put a link in its place.
+    ValueError (as root) when what is there now is not root's own directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = path.lstat()  # a link is not followed: it is refused
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{path}: not a directory")
+    _check_owner(st, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,6 +200,30 @@ def _sigterm(*_):
     raise KeyboardInterrupt
 
 
+def _hangup(*_):
+    """SIGHUP, the terminal closed: a Ctrl-C whose output goes nowhere. Each write to a hung-up
+    terminal fails (EIO) and would cost the cleanup and the report; demo.log keeps the lines."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if stat.S_ISCHR(os.fstat(fd).st_mode):  # a terminal (a file or pipe still works)
+                    os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    raise KeyboardInterrupt
+
+
+def _stop_handlers() -> dict:
+    """Make SIGTERM and SIGHUP end the demo as Ctrl-C does (a SIGHUP ignored already, as under
+    nohup, stays ignored); return the handlers they had."""
+    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, _sigterm),
+           signal.SIGHUP: signal.getsignal(signal.SIGHUP)}
+    if old[signal.SIGHUP] != signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _hangup)
+    return old
+
+
 # --------------------------------------------------------------------------------------------
 def missing_trainer_packages() -> list[str]:
     """The packages the demo's ranks import that this environment lacks (found, not imported)."""
@@ -192,9 +237,13 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"lightkeeper demo: {bad}", file=sys.stderr)
         return 2
-    if not 0 <= args.spare_hosts or args.groups + args.spare_hosts > 250:
-        print("lightkeeper demo: --spare-hosts must be >= 0, and --groups plus --spare-hosts "
-              "at most 250 (one loopback address each: 127.0.0.2..127.0.0.251)", file=sys.stderr)
+    from .fabric import MAX_HOSTS
+
+    most, each = ((MAX_HOSTS, "namespace") if args.hosts == "netns" and not args.one_host
+                  else (MAX_LOOPBACK_HOSTS, "loopback address"))
+    if not 0 <= args.spare_hosts or args.groups + args.spare_hosts > most:
+        print(f"lightkeeper demo: --spare-hosts must be >= 0, and --groups plus --spare-hosts "
+              f"at most {most} (one {each} each)", file=sys.stderr)
         return 2
     try:  # every placement is checked before anything starts
         plans = [parse_inject(v, args.groups, args.ranks_per_group) for v in args.inject]
@@ -204,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_faults and plans:
         print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
         return 2
-    from trainer.faults import parse_fault
+    from trainer.faults import NETWORK_KINDS, parse_fault
 
     late = [p.spec for p in plans if args.steps and p.spec
             and parse_fault(p.spec).at_step >= args.steps]
@@ -223,6 +272,13 @@ def run(args: argparse.Namespace) -> int:
         print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
               "--inject, no --no-faults)", file=sys.stderr)
         return 2
+    held = _quarantine_off(args)
+    network = [p.spec for p in plans if p.kind in NETWORK_KINDS]
+    if held and network:
+        print(f"lightkeeper demo: {network[0]} is a network fault, and with {held} its host "
+              "is never healed (only a quarantined host is): its group would be restarted onto "
+              f"the broken host until it gives up; drop {held} or the fault", file=sys.stderr)
+        return 2
     try:  # before the lock and the hosts: a run never starts without a place for its report
         report_dir = _report_dir(args.report_dir)
     except ValueError as e:
@@ -233,16 +289,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightkeeper demo: needs {' and '.join(missing)} to train; install them with "
               "pip install 'lightkeeper[trainer]' (docs/install.md)", file=sys.stderr)
         return 2
-    # From here a SIGTERM is a Ctrl-C: the default action would leave the namespaces being
-    # built, and every process started, behind
-    old_term = signal.signal(signal.SIGTERM, _sigterm)
+    # From here a SIGTERM or SIGHUP (the terminal closed) is a Ctrl-C: the default action would
+    # leave the namespaces being built, and every process started (in sessions of their own), behind
+    old = _stop_handlers()
     try:
-        return _run(args, plans, report_dir, old_term)
+        return _run(args, plans, report_dir, old)
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
-def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_term) -> int:
+def _quarantine_off(args: argparse.Namespace) -> str | None:
+    """The flag that keeps the monitor from quarantining a host (None: it quarantines). The
+    demo heals a network fault's host only once it is quarantined, so these runs get none."""
+    return ("--no-quarantine" if args.no_quarantine
+            else "--quarantine-dry-run" if args.quarantine_dry_run else None)
+
+
+def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: dict) -> int:
     from trainer.faults import NETWORK_KINDS
 
     from .processes import ClusterError
@@ -274,15 +338,21 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
             print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
             os.close(lock)
             return 2
+    # a network fault's host is healed only once quarantined: none without quarantine
+    held = _quarantine_off(args)
+    network_ok = fabric is not None and not held
+    if fabric is not None and held and not args.no_faults and not plans \
+            and (args.soak or args.groups > 2):  # where it would have had one
+        print(f"lightkeeper demo: no network fault in the scenario: with {held} a host "
+              "is never quarantined, so a broken one would never be healed", flush=True)
     if args.soak:
         if args.seed is None:
             args.seed = secrets.randbelow(2**31)
-        plans = soak_faults(args.seed, args.groups, args.ranks_per_group,
-                            network=fabric is not None)
+        plans = soak_faults(args.seed, args.groups, args.ranks_per_group, network=network_ok)
         print(f"lightkeeper demo: soak of {args.soak:g}s, seed {args.seed} (--seed "
               f"{args.seed} repeats the schedule)", flush=True)
     faults = [] if args.no_faults else plans or default_faults(
-        args.groups, args.ranks_per_group, network=fabric is not None)
+        args.groups, args.ranks_per_group, network=network_ok)
     network = [p.spec for p in faults if p.kind in NETWORK_KINDS]
     if network and fabric is None:  # --hosts auto where namespaces cannot be made
         print(f"lightkeeper demo: {network[0]} is a network fault: it needs hosts that are "
@@ -290,10 +360,17 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
         os.close(lock)
         return 2
     try:
-        report_dir = report_dir or Path(tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()
-        report_dir.mkdir(parents=True, exist_ok=True)
+        if report_dir is None:  # made 0o700, root's own when root runs it
+            report_dir = Path(tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()
+        else:
+            _make_report_dir(report_dir)
+        refused = None
     except OSError as e:
-        print(f"lightkeeper demo: --report-dir {report_dir}: {e.strerror or e}", file=sys.stderr)
+        refused = f"{report_dir}: {e.strerror or e}"
+    except ValueError as e:
+        refused = str(e)
+    if refused:
+        print(f"lightkeeper demo: --report-dir {refused}", file=sys.stderr)
         if fabric:
             fabric.close()
         os.close(lock)
@@ -313,7 +390,7 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
     inside.__enter__()  # the demo's own requests reach the job's network
     demo.deadline = args.duration if args.duration is not None else (
         60.0 if not faults and not args.steps else None)
-    code = 0
+    code, bug = 0, None
     try:
         print(f"lightkeeper demo: {args.groups} replica groups x {args.ranks_per_group} rank(s); "
               f"report and logs in {report_dir}", flush=True)
@@ -352,10 +429,13 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
         demo.error = str(e)
         code = 1
         print(f"lightkeeper demo: {e}", file=sys.stderr, flush=True)
+    except Exception as e:  # a bug: stopped and reported as any failure, raised after the report
+        demo.error, code, bug = f"{type(e).__name__}: {e}", 1, e
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        # a second Ctrl-C would lose the report: everything is being stopped already
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a second Ctrl-C (or SIGTERM, SIGHUP) would lose the report: everything is being
+        # stopped already
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         try:
             for tr in demo.tracks:
                 tr.stop(demo.now())
@@ -371,7 +451,8 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
             inside.__exit__(None, None, None)
             if fabric:
                 fabric.close()  # after its processes: nothing is left inside
-            signal.signal(signal.SIGTERM, old_term)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
             os.close(lock)
     summary = write_report(demo, report_dir, final=True)
     print(summary, flush=True)
@@ -390,6 +471,8 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
           + (str(picture) if picture.exists() else
              f"not drawn ({report_dir / 'timeline.error.txt'})"), flush=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if bug is not None:
+        raise bug
     if code == 0 and demo.faults and any(f["outcome"] != "recovered" for f in demo.faults) \
             and not args.dry_run:
         print("lightkeeper demo: not every fault went the whole way; see the table",
@@ -400,9 +483,11 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
 def build_fabric(hosts: int):
     """(a fabric of ``hosts`` namespaced hosts, None) or (None, the one line that says why not
     and that loopback addresses stand in)."""
-    from .fabric import Fabric, FabricError
+    from .fabric import MAX_HOSTS, Fabric, FabricError
 
     why = Fabric.unavailable()
+    if why is None and hosts > MAX_HOSTS:  # --hosts auto: more than a fabric has addresses for
+        why = f"{hosts} hosts, a fabric has at most {MAX_HOSTS}"
     if why is None:
         Fabric.sweep_stale()  # what a killed earlier run left
         try:

@@ -11,6 +11,20 @@ from .faulttrack import Observation, Strike, finding_culprits
 from .recovery import GOODPUT_INCIDENTS, merge_goodput
 
 
+def merge_rows(old: list[dict], new: list) -> list[dict]:
+    """The monitor's newest rows (``/v1/findings``, ``/v1/evictions``: the newest 500 by
+    default) with those an earlier read saw that this one no longer lists: a long run (a soak)
+    pushes its early ones out, and the report and the soak's false evictions need every one.
+    Each row in its newest version seen, newest (highest id) first."""
+    listed = [r for r in new if isinstance(r, dict)]
+    ids = {r.get("id") for r in listed}
+    kept = [r for r in old if r.get("id") is not None and r.get("id") not in ids]
+    if not kept:
+        return listed
+    return sorted(listed + kept, key=lambda r: r["id"] if isinstance(r.get("id"), int) else -1,
+                  reverse=True)
+
+
 class Sampling:
     """Part of :class:`~lightkeeper.demo_loop.Demo` (its state is set up there)."""
 
@@ -118,8 +132,8 @@ class Sampling:
         self.poll_goodput()
         self.poll_hosts()
         findings = self.monitor_get("/v1/findings")
-        if findings is not None:
-            self.findings = findings
+        if isinstance(findings, list):
+            self.findings = merge_rows(self.findings, findings)
             for f in findings:
                 key = (f["kind"], f["replica_group"], f.get("replica_id"), f.get("first_seen"))
                 if key not in self._seen_findings and f.get("confirmed_at"):
@@ -133,8 +147,8 @@ class Sampling:
                                + (f" on {', '.join(dict.fromkeys(hosts))}" if hosts else "")
                                + f") at {self.rel(f['confirmed_at']):.1f}s")
         evictions = self.monitor_get("/v1/evictions")
-        if evictions is not None:
-            self.evictions = evictions
+        if isinstance(evictions, list):
+            self.evictions = merge_rows(self.evictions, evictions)
             for d in evictions:
                 key = (d.get("id"), d["replica_group"], d.get("at"), d["decision"])
                 if key not in self._seen_evictions:

@@ -5,6 +5,9 @@ group's host once the group reaches its step, and every story followed
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from itertools import chain
+
 import requests
 
 from .faulttrack import Deadlines, FaultTrack, Strike
@@ -28,10 +31,13 @@ class Stories:
                               self.launched_at[plan.replica_group])
                 self.event("armed", plan.replica_group,
                            f"{plan.spec} (given at start; strikes from step {tr.trigger_step})")
-        live = [plan for plan in plans if not plan.at_start]
-        if live:
+        listed = [plan for plan in plans if not plan.at_start]
+        if listed:
             self.status = f"healthy ({self.sc.healthy_s:g}s)"
             self.wait(lambda: False, self.sc.healthy_s)
+        live: Iterable[FaultPlan] = listed
+        if self.soaking:  # its time is its only stop: past the list, its schedule goes on
+            live = chain(listed, getattr(plans, "rest", ()))
         for plan in live:  # one at a time: the next once the last one's story is over
             self.status = "following the faults"
             self.wait(self.story_over, float("inf"))
@@ -42,6 +48,10 @@ class Stories:
             # No refill of a used spare here: its import would slow the job that is being
             # measured (on this machine a spare shares the cores; a real one waits elsewhere).
             self.inject_live(plan)
+        else:
+            if self.soaking:  # a finite schedule ran out before the soak's time: said
+                self.soak["schedule_exhausted"] = True
+                self.event("soak", None, "the fault schedule ran out before the soak's time")
         self.status = "following the faults"
         self.wait(self.story_over, float("inf"))  # every stage of every story has a deadline
         self.event("story", None, "every fault's story is over: " + "; ".join(

@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -288,9 +289,9 @@ class Fabric:
     @staticmethod
     def sweep_stale() -> list[str]:
         """Remove the namespaces and /etc/netns entries of fabrics whose process is gone (one
-        killed before its close ran). Only names a fabric makes (``lkf-<pid>-<k>-...``) whose
-        pid no longer runs; a reused pid keeps its stale entries until it exits. Returns the
-        names removed."""
+        killed before its close ran), killing what still runs inside them first. Only names a
+        fabric makes (``lkf-<pid>-<k>-...``) whose pid no longer runs; a reused pid keeps its
+        stale entries until it exits. Returns the names removed."""
         found: dict[str, int] = {}
         for d in (NETNS_RUN, NETNS_ETC):
             with contextlib.suppress(OSError):
@@ -299,7 +300,9 @@ class Fabric:
                     if m:
                         found[name] = int(m.group(1))
         stale = sorted(n for n, pid in found.items() if not _pid_alive(pid))
-        _remove(stale, [NETNS_ETC / n for n in stale], shutil.which("ip") or "ip")
+        ip = shutil.which("ip") or "ip"
+        _kill_inside(stale, ip)
+        _remove(stale, [NETNS_ETC / n for n in stale], ip)
         return stale
 
     def __enter__(self) -> Fabric:
@@ -478,6 +481,22 @@ def _use_linkdown_routes() -> None:
     for conf in ("all", "dead0"):
         with open(f"/proc/sys/net/ipv4/conf/{conf}/ignore_routes_with_linkdown", "w") as f:
             f.write("0")
+
+
+def _kill_inside(namespaces: list[str], ip: str) -> None:
+    """SIGKILL every process inside the named namespaces (a killed demo's ranks, in sessions of
+    their own): deleting a namespace only drops its name, and they would train on, unseen."""
+    for ns in namespaces:
+        if not (NETNS_RUN / ns).exists():
+            continue
+        try:
+            pids = _run([ip, "netns", "pids", ns], timeout=10).split()
+        except FabricError as e:
+            log.warning("fabric: listing the processes in %s: %s", ns, e)
+            continue
+        for pid in pids:
+            with contextlib.suppress(ValueError, OSError):  # gone already
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def _remove(namespaces: list[str], etc_dirs: list[Path], ip: str) -> None:

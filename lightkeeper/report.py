@@ -17,6 +17,7 @@ from .faulttrack import FINDING_SLACK_S, finding_culprits
 from .report_text import fault_kind, markdown, plot, summary_markdown, where
 
 REPORT_VERSION = 1
+MIN_HEALTHY_S = 3.0  # a shorter healthy phase is a few steps at the demo's pace: no baseline
 
 
 def _tick_at(ticks: list[tuple[float, int]], t: float) -> tuple[float, int] | None:
@@ -44,9 +45,32 @@ def _rate(ticks, start: float, end: float) -> float | None:
     return round((b[1] - a[1]) / (b[0] - a[0]), 3)
 
 
+def no_baseline(train_start: float | None, faults: list[dict]) -> str | None:
+    """Why the run has no healthy pace to compare with (None: it has one): a fault struck before
+    training, or within ``MIN_HEALTHY_S`` of its start, so the first phase is the fault's."""
+    early = [(f["struck_at_s"], i, f) for i, f in enumerate(faults, 1)
+             if train_start is not None and f["struck_at_s"] is not None
+             and f["struck_at_s"] < train_start + MIN_HEALTHY_S]
+    if not early:
+        return None
+    at, i, f = min(early, key=lambda e: e[0])
+    when = ("before training started" if at <= train_start
+            else f"{at - train_start:.1f}s after training started")
+    return (f"no healthy baseline: fault {i} ({fault_kind(f)} in {where(f)}) struck at "
+            f"{at:.1f}s, {when} ({train_start:.1f}s): the job never trained "
+            f"{MIN_HEALTHY_S:g}s without a fault to pace the rest against")
+
+
+def healthy_rate(ph: list[dict]) -> float | None:
+    """The healthy pace :func:`phases` compared the others with: the first phase's, None when
+    it had none (:func:`no_baseline`, or a first phase too short to pace)."""
+    return ph[0]["step_rate"] if ph and ph[0]["vs_healthy"] is not None else None
+
+
 def phases(train_start: float | None, end: float, faults: list[dict], groups: int,
            ticks) -> list[dict]:
-    """Consecutive phases between the scenario's events, with the job's committed step rate."""
+    """Consecutive phases between the scenario's events, with the job's committed step rate;
+    ``vs_healthy`` against the first phase unless :func:`no_baseline` says there is none."""
     if train_start is None:
         return []
     marks: list[tuple[float, str]] = [(train_start, "healthy")]
@@ -68,7 +92,7 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
         out.append({"name": name, "start_s": round(start, 2), "end_s": round(stop, 2),
                     "steps": None if a is None or b is None else b - a,
                     "step_rate": _rate(ticks, start, stop)})
-    healthy = out[0]["step_rate"] if out else None
+    healthy = out[0]["step_rate"] if out and not no_baseline(train_start, faults) else None
     for p in out:
         p["vs_healthy"] = (round(p["step_rate"] / healthy, 2)
                            if healthy and p["step_rate"] is not None else None)
@@ -151,7 +175,7 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
                groups: int, cfg: dict[str, Any]) -> None:
     """Add each fault's ``stages``, ``recovery_s``, measured ``cost`` and computed
     ``torchft_alone`` (:mod:`lightkeeper.recovery`) in place."""
-    healthy = ph[0]["step_rate"] if ph else None
+    healthy = healthy_rate(ph)
     job_wide = recovery.job_wide_owners(faults, goodput, t0_unix, end)
     for k, f in enumerate(faults):
         st = recovery.stages(f, samples, lighthouse, evictions, healthy, end)
@@ -203,7 +227,7 @@ def build_report(demo) -> dict[str, Any]:
     end = demo.ticks[-1][0] if demo.ticks else now
     faults = [dict(f) for f in demo.faults]
     ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks)
-    healthy = ph[0]["step_rate"] if ph else None
+    healthy = healthy_rate(ph)
     for f in faults:
         start = f["struck_at_s"]
         stop = f["rejoined_at_s"] or (end if start is not None else None)
@@ -242,6 +266,7 @@ def build_report(demo) -> dict[str, Any]:
         "placements": list(getattr(demo, "placements", [])),
         "phases": ph,
         "healthy_step_rate": healthy,
+        "no_baseline": no_baseline(demo.train_start_s, faults),
         "goodput": _goodput_summary(demo.goodput),
         "final_steps": final_steps(demo.samples),
         "events": demo.events,

@@ -97,6 +97,12 @@ def _culprit(f: dict) -> str:
 
 
 def summary_markdown(rep: dict) -> str:
+    none = "no healthy baseline" if rep.get("no_baseline") else "—"
+
+    def lost(f: dict) -> str:
+        return none if f["steps_lost"] is None and f["struck_at_s"] is not None \
+            else _fmt(f["steps_lost"], "")
+
     lines = ["| # | fault | where (global rank, host) | armed | struck | caught as | culprit "
              "| detected | evicted | survivors committing | back at pace | rejoined | steps lost "
              "| outcome |",
@@ -114,7 +120,7 @@ def summary_markdown(rep: dict) -> str:
                      f"| {_fmt(f['detected_at_s'])} | {_fmt(f['evicted_at_s'])} "
                      f"| {_fmt(f['survivors_committing_at_s'])} "
                      f"| {_fmt(_back_at(f))} | {_fmt(f['rejoined_at_s'])} "
-                     f"| {_fmt(f['steps_lost'], '')} | {f['outcome']} |")
+                     f"| {lost(f)} | {f['outcome']} |")
     if not rep["faults"]:
         lines.append("| – | (no faults) | | | | | | | | | | | | |")
     notes = [f"- fault {i}: {f['note']}" for i, f in enumerate(rep["faults"], 1) if f.get("note")]
@@ -129,7 +135,7 @@ def summary_markdown(rep: dict) -> str:
     lines += ["", "| phase | from | to | steps | steps/s | vs healthy |",
               "|---|---|---|---|---|---|"]
     for p in rep["phases"]:
-        vs = f"{p['vs_healthy']:.2f}x" if p["vs_healthy"] is not None else "—"
+        vs = f"{p['vs_healthy']:.2f}x" if p["vs_healthy"] is not None else none
         rate = f"{p['step_rate']:.2f}" if p["step_rate"] is not None else "—"
         lines.append(f"| {p['name']} | {p['start_s']:.1f}s | {p['end_s']:.1f}s "
                      f"| {_fmt(p['steps'], '')} | {rate} | {vs} |")
@@ -193,15 +199,19 @@ def cost_markdown(rep: dict) -> str:
         def alone(a):
             if not a:
                 return "—"
+            steps = ("job steps: no healthy baseline" if a["job_steps"] is None
+                     else f"{a['job_steps']} job steps")
             return (f"{a['outcome']}; {a['replica_seconds']:.1f} replica-s, "
-                    f"{a['job_steps']} job steps to the end of this run, then "
+                    f"{steps} to the end of this run, then "
                     f"{a['per_hour_after_replica_s'] / 3600:.2f} replica-s per second")
         lines.append(f"| {i} | `{f['spec']}` | {rec_s} | {cost_s} | {alone(f.get('torchft_alone'))} "
                      f"| {alone(f.get('torchft_alone_at_defaults'))} |")
     return "\n".join(lines)
 
 
-def _healthy_line(rate: float | None) -> str:
+def _healthy_line(rate: float | None, no_baseline: str | None = None) -> str:
+    if no_baseline:  # nothing measured against it: vs healthy, steps lost, back at pace
+        return f"Healthy step rate: none, {no_baseline}."
     if rate is None:  # e.g. a --steps run whose groups ended within 1 s of all stepping
         return "Healthy step rate: not measured (every group was seen stepping for under 1 s)."
     return f"Healthy step rate: {rate} committed steps/s."
@@ -215,7 +225,7 @@ def markdown(rep: dict) -> str:
             + (", no faults" if c["no_faults"] else "")
             + f"; {rep['duration_s']:.0f} s; outcome: {rep['outcome']}"
             + (f" ({rep['error']})" if rep["error"] else "") + ".",
-            _healthy_line(rep["healthy_step_rate"])
+            _healthy_line(rep["healthy_step_rate"], rep.get("no_baseline"))
             + " Times are seconds since the demo started.", "",
             "## Faults and phases", "", summary_markdown(rep), "",
             "## Detections", "",

@@ -11,7 +11,9 @@ that never happens ends that fault's story with what it has.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 
 
 @dataclass(frozen=True)
@@ -117,21 +119,45 @@ def parse_inject(value: str, groups: int, ranks_per_group: int) -> FaultPlan:
 RANK_KINDS = ("slow_compute", "hang", "mismatch", "crash")  # strike one rank of the group
 
 
-def soak_faults(seed: int, groups: int, ranks_per_group: int, network: bool,
-                count: int = 60) -> list[FaultPlan]:
-    """A seeded random schedule for ``--soak``: every kind of the grammar once first (in a
-    random order, so a short soak still sees each), then kinds drawn at random; each on a random
-    group, and a random rank for the kinds that strike one rank. Network kinds need ``network``.
-    The demo injects them one at a time and stops drawing when the soak's time is up."""
+SOAK_FIRST = 60  # kinds the schedule draws up front (a seed's schedule depends on it)
+
+
+def soak_schedule(seed: int, groups: int, ranks_per_group: int,
+                  network: bool) -> Iterator[FaultPlan]:
+    """A seeded random schedule for ``--soak``, endless: every kind of the grammar once first
+    (in a random order, so a short soak still sees each), then kinds drawn at random; each on a
+    random group, and a random rank for the kinds that strike one rank. Network kinds need
+    ``network``. The demo injects them one at a time until the soak's time is up: its time,
+    not the schedule, ends it."""
     import random
 
     from trainer.faults import KINDS, NETWORK_KINDS
 
     rng = random.Random(seed)
     kinds = list(KINDS) + (list(NETWORK_KINDS) if network else [])
-    order = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(count)]
-    plans = []
-    for kind in order[:count]:
+
+    def plan(kind: str) -> FaultPlan:
         rank = rng.randrange(ranks_per_group) if kind in RANK_KINDS else None
-        plans.append(FaultPlan(rng.randrange(groups), kind, group_rank=rank))
-    return plans
+        return FaultPlan(rng.randrange(groups), kind, group_rank=rank)
+
+    # SOAK_FIRST kinds drawn up front, as when the schedule was a list of them: seeds repeat
+    for kind in rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(SOAK_FIRST)]:
+        yield plan(kind)
+    while True:
+        yield plan(rng.choice(kinds))
+
+
+class Schedule(list[FaultPlan]):
+    """The first faults of an endless schedule, listed (what is checked and shown before the
+    run); ``rest`` draws those after them, for the demo to go on with."""
+
+    def __init__(self, first: Iterable[FaultPlan], rest: Iterator[FaultPlan]) -> None:
+        super().__init__(first)
+        self.rest = rest
+
+
+def soak_faults(seed: int, groups: int, ranks_per_group: int, network: bool,
+                count: int = SOAK_FIRST) -> Schedule:
+    """The first ``count`` faults of :func:`soak_schedule`, and the rest of it."""
+    plans = soak_schedule(seed, groups, ranks_per_group, network)
+    return Schedule(islice(plans, count), plans)

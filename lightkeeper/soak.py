@@ -1,7 +1,8 @@
 """``lightkeeper demo --soak SECONDS``: a long run of random faults, and what it shows.
 
-The demo injects a seeded random schedule (:func:`lightkeeper.scenario.soak_faults`) one fault
-at a time, as its default story does, for SECONDS of training. On top of the story the soak:
+The demo injects a seeded random schedule (:func:`lightkeeper.scenario.soak_schedule`, endless)
+one fault at a time, as its default story does, until SECONDS of training are up. On top of
+the story the soak:
 
 - restarts the monitor once, half-way (same port, same ``--state``), and checks that its audit
   log still holds every decision made before the restart;
@@ -12,13 +13,15 @@ at a time, as its default story does, for SECONDS of training. On top of the sto
 
 :func:`summary` turns the demo's report into ``soak.json``: per fault, found (group, rank,
 host), time to detect, time back at pace, cost; goodput against the same job without faults
-(its healthy pace over the same time) and against torchft alone (each fault's computed cost,
-:func:`lightkeeper.recovery.torchft_alone`); evictions no fault explains; the restart's check.
+(its healthy pace over the same time) and against torchft alone (:func:`torchft_alone_steps`,
+from each fault's :func:`lightkeeper.recovery.torchft_alone`); evictions no fault explains; the
+restart's check.
 """
 
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from typing import Any
 
 
@@ -84,16 +87,30 @@ def repair_hosts(demo) -> None:
                                          " (quarantined and empty: its network fault lifted)")
 
 
-def _attributed(ev: dict, faults: list[dict], end: float, repaired: dict[str, list[float]],
-                slack_s: float = 5.0) -> bool:
-    """An eviction that follows a fault of its group: from its strike to its story's end, and
-    for a network fault until its host was repaired (the fault stays on the host: a group
-    restarted there, when the quarantine cap holds the host's quarantine, meets it again)."""
+def _story_ends(faults: list[dict], events: list[dict], end: float) -> list[float]:
+    """When each fault's story ended: its ``outcome`` event (``fault N: ...``), else when the
+    next fault was injected (a soak's stories run one at a time), else the run's end."""
+    told: dict[int, float] = {}
+    for e in events:
+        head = str(e.get("detail", "")).split(":", 1)[0].removeprefix("fault ")
+        if e.get("kind") == "outcome" and head.isdigit():
+            told.setdefault(int(head), e["t"])
+    nexts = [f.get("injected_at_s") for f in faults[1:]] + [None]
+    return [told.get(i, nxt if nxt is not None else end)
+            for i, nxt in enumerate(nexts, 1)]
+
+
+def _attributed(ev: dict, faults: list[dict], ends: list[float],
+                repaired: dict[str, list[float]], end: float, slack_s: float = 5.0) -> bool:
+    """An eviction that follows a fault of its group: from its strike to its rejoin, else its
+    story's end (a fault never found explains no later eviction of its group), and for a
+    network fault until its host was repaired (the fault stays on the host: a group restarted
+    there, when the quarantine cap holds the host's quarantine, meets it again)."""
     from trainer.faults import NETWORK_KINDS
 
-    for f in faults:
+    for f, story_end in zip(faults, ends, strict=True):
         start = f.get("struck_at_s") or f.get("injected_at_s")
-        stop = f.get("rejoined_at_s") or end
+        stop = f.get("rejoined_at_s") or story_end
         if (f.get("spec") or "").split(":", 1)[0] in NETWORK_KINDS and start is not None:
             stop = max(stop, min((t for t in repaired.get(f.get("host"), []) if t >= start),
                                  default=end))
@@ -101,6 +118,42 @@ def _attributed(ev: dict, faults: list[dict], end: float, repaired: dict[str, li
                 and start - slack_s <= ev["at_s"] <= stop + slack_s:
             return True
     return False
+
+
+def torchft_alone_steps(faults: list[dict], healthy: float | None, start: float,
+                        end: float) -> tuple[int | None, float]:
+    """Steps the same job would have committed with torchft alone, and when it stopped for
+    good (``end`` if it did not): its pace integrated piece by piece, the healthy rate times
+    the slowest straggler's factor in force (a straggler drags to the end, and stragglers
+    overlap: the job runs at the slowest one's pace), 0 inside any stall (a hang's, a gone
+    host's: overlapping stalls count once), 0 after the first fault it never recovers from (a
+    partition; a hang the quorum timeout kills). Each fault's part comes from its
+    ``torchft_alone`` (:func:`lightkeeper.recovery.torchft_alone`); a fault it does not
+    compute costs nothing here."""
+    struck = sorted((f for f in faults if f.get("struck_at_s") is not None
+                     and f.get("torchft_alone")), key=lambda f: f["struck_at_s"])
+    stop = next((f["struck_at_s"] for f in struck if f["torchft_alone"].get("recovery_s") is None
+                 and (f["torchft_alone"].get("stall_s") or 0) > 0), end)
+    if not healthy:
+        return None, stop
+    stalls: list[tuple[float, float]] = []  # (from, to)
+    slow: list[tuple[float, float]] = []  # (from, the job's pace / the healthy pace)
+    for f in struck:
+        t, tf = f["struck_at_s"], f["torchft_alone"]
+        if t >= stop:
+            continue
+        if tf.get("recovery_s") is not None:
+            stalls.append((t, t + float(tf.get("stall_s") or 0.0)))
+        elif tf.get("job_steps") and end > t:  # its drag, measured to the end of the run
+            slow.append((t, min(1.0, max(0.0, 1.0 - tf["job_steps"] / (healthy * (end - t))))))
+    cuts = sorted({start, stop, *(x for w in stalls for x in w), *(t for t, _ in slow)})
+    cuts = [c for c in cuts if start <= c <= stop]
+    steps = 0.0
+    for a, b in pairwise(cuts):
+        if any(s0 <= a and b <= s1 for s0, s1 in stalls):
+            continue
+        steps += healthy * min((k for t, k in slow if t <= a), default=1.0) * (b - a)
+    return round(steps), stop
 
 
 def own_pace_back(series: list, onset: float | None, end: float,
@@ -152,31 +205,7 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
     a, b = step_at(series, start), step_at(series, end)
     committed = None if a is None or b is None else b - a
     fault_free = None if not healthy else round(healthy * (end - start))
-    # torchft alone: the first fault it never recovers from (a partition: recovery None, a
-    # stall) stops the job for good; each earlier fault costs what recovery.torchft_alone
-    # computes, a straggler's drag cut at that stop
-    struck = sorted((f for f in faults if f.get("struck_at_s") is not None),
-                    key=lambda f: f["struck_at_s"])
-    stop = next((f["struck_at_s"] for f in struck if (f.get("torchft_alone") or {}).get(
-        "recovery_s") is None and ((f.get("torchft_alone") or {}).get("stall_s") or 0) > 0), end)
-    # stragglers overlap (the job runs at the slowest one's pace, never slower); stalls add up
-    stall_lost, drags = 0.0, []  # drags: (onset, steps lost per second)
-    for f in struck:
-        tf = f.get("torchft_alone") or {}
-        if f["struck_at_s"] >= stop or not tf.get("job_steps"):
-            continue
-        if tf.get("recovery_s") is None:  # a straggler: dragging to the end of the run
-            horizon = end - f["struck_at_s"]
-            if horizon > 0:
-                drags.append((f["struck_at_s"], tf["job_steps"] / horizon))
-        else:
-            stall_lost += tf["job_steps"]
-    lost, worst = stall_lost, 0.0
-    ends = [t for t, _ in drags[1:]] + ([stop] if drags else [])
-    for (t, d), nxt in zip(drags, ends, strict=True):
-        worst = max(worst, d)
-        lost += worst * max(0.0, nxt - t)
-    tf_steps = None if not healthy else max(0, round(healthy * (stop - start) - lost))
+    tf_steps, stop = torchft_alone_steps(faults, healthy, start, end)
     # kinds torchft_alone does not compute (a crash is torchft's own) cost that job nothing here
     free = sorted({r["kind"] for r, f in zip(rows, faults, strict=True) if r["kind"] != "crash"
                    and f.get("struck_at_s") is not None and not f.get("torchft_alone")})
@@ -187,11 +216,14 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
         if e["kind"] == "repaired":
             repaired.setdefault(e["detail"].split(":", 1)[0].removeprefix("host "), []).append(
                 e["t"])
-    false = [e for e in evictions if not _attributed(e, faults, end, repaired)]
+    ends = _story_ends(faults, rep.get("events", []), end)
+    false = [e for e in evictions if not _attributed(e, faults, ends, repaired, end)]
     return {
         "seed": soak["seed"], "soak_s": soak["soak_s"], "training_s": round(end - start, 1)
         if rep.get("training_started_at_s") is not None else 0.0,  # stopped before it trained
         "outcome": rep.get("outcome"),  # "interrupted": cut short by Ctrl-C or SIGTERM
+        # its time ends a soak; true only if a finite schedule ran out before it
+        "schedule_exhausted": bool(soak.get("schedule_exhausted")),
         "faults": rows, "fault_count": len(rows),
         "kinds": sorted({r["kind"] for r in rows}),
         "recovered": sum(1 for r in rows if r["outcome"] == "recovered"),

@@ -7,7 +7,15 @@ repeats with its seed, and the summary's arithmetic on a report whose figures ar
 
 from __future__ import annotations
 
-from lightkeeper.scenario import parse_inject, soak_faults
+import argparse
+from itertools import islice
+
+import pytest
+
+from lightkeeper import soak as soak_mod
+from lightkeeper.demo_sampling import Sampling
+from lightkeeper.demo_stories import Stories
+from lightkeeper.scenario import FaultPlan, Scenario, parse_inject, soak_faults, soak_schedule
 from lightkeeper.soak import summary, table
 from trainer.faults import KINDS as PROCESS_KINDS
 from trainer.faults import NETWORK_KINDS
@@ -124,3 +132,163 @@ def test_summary_says_a_soak_was_cut_short_and_what_torchft_alone_leaves_out():
     # stopped while the job was still starting: no training at all, not its 50 s of run time
     rep.update(outcome="interrupted", training_started_at_s=None, faults=[])
     assert summary(rep, {"seed": 7, "soak_s": 150.0}, [])["training_s"] == 0.0
+
+
+def _as_first_soaks_drew(seed, groups, ranks_per_group, network, count=60):
+    """The schedule as the first soaks drew it (a list of ``count``): their seeds must repeat."""
+    import random
+
+    from lightkeeper.scenario import RANK_KINDS
+
+    rng = random.Random(seed)
+    kinds = list(PROCESS_KINDS) + (list(NETWORK_KINDS) if network else [])
+    order = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(count)]
+    plans = []
+    for kind in order[:count]:
+        rank = rng.randrange(ranks_per_group) if kind in RANK_KINDS else None
+        plans.append(FaultPlan(rng.randrange(groups), kind, group_rank=rank))
+    return plans
+
+
+@pytest.mark.parametrize("seed,network", [(2026, True), (7, False)])
+def test_schedule_is_endless_and_its_first_sixty_repeat_earlier_seeds(seed, network):
+    plans = list(islice(soak_schedule(seed, 3, 2, network), 200))
+    assert len(plans) == 200
+    assert plans[:60] == _as_first_soaks_drew(seed, 3, 2, network)
+    assert plans[:60] == soak_faults(seed, 3, 2, network)
+    assert plans == list(islice(soak_schedule(seed, 3, 2, network), 200))
+    assert {p.kind for p in plans[60:]} <= set(PROCESS_KINDS) | set(NETWORK_KINDS)
+
+
+class _ClockedSoak(Stories):
+    """The scenario's loop on a clock: each fault's story takes ``per_fault_s``."""
+
+    def __init__(self, soak_s: float, faults: list[FaultPlan], per_fault_s: float = 30.0) -> None:
+        self.args = argparse.Namespace(soak=soak_s, seed=11, groups=3, ranks_per_group=2)
+        self.sc = Scenario(faults=faults)
+        self.soaking, self.fabric, self.tracks, self.faults = True, None, [], []
+        self.soak = {"seed": 11, "soak_s": soak_s, "rss": []}
+        self.monitor_proc = argparse.Namespace(pid=None)
+        self.clock, self.train_start_s, self.per_fault_s = 0.0, 0.0, per_fault_s
+        self.injected: list[FaultPlan] = []
+        self.events: list[tuple] = []
+
+    def now(self) -> float:
+        return self.clock
+
+    def wait(self, pred, timeout: float) -> bool:
+        if pred():
+            return True
+        self.clock += timeout
+        return False
+
+    def inject_live(self, plan: FaultPlan) -> None:
+        self.injected.append(plan)
+        self.clock += self.per_fault_s
+
+    def refill_spares(self, wait: bool) -> None:
+        pass
+
+    def event(self, kind, group, detail) -> None:
+        self.events.append((kind, detail))
+
+
+def test_a_soak_injects_faults_until_its_time_is_up_not_until_a_list_runs_out(monkeypatch):
+    monkeypatch.setattr(soak_mod, "restart_monitor", lambda demo: {"at_s": demo.now()})
+    demo = _ClockedSoak(3600.0, soak_faults(11, 3, 2, network=False))
+    demo.run_scenario()
+    # healthy 8 s, then a fault every 30 s while under 3600 s of training: 120, not 60
+    assert len(demo.injected) == 120
+    assert demo.injected == list(islice(soak_schedule(11, 3, 2, False), 120))
+    assert 3600.0 <= demo.clock < 3600.0 + 30.0 + demo.sc.end_s
+    assert 1800.0 <= demo.soak["restart"]["at_s"] < 1830.0
+    assert summary({"faults": [], "duration_s": demo.clock, "evictions": []}, demo.soak,
+                   [])["schedule_exhausted"] is False
+    # a schedule that ends before the soak's time: the soak says so
+    short = _ClockedSoak(3600.0, list(soak_faults(11, 3, 2, network=False)))
+    short.run_scenario()
+    assert len(short.injected) == 60
+    assert summary({"faults": [], "duration_s": short.clock, "evictions": []}, short.soak,
+                   [])["schedule_exhausted"] is True
+    assert any("ran out" in d for k, d in short.events if k == "soak")
+
+
+def _tf(recovery_s, stall_s, job_steps):
+    return {"recovery_s": recovery_s, "stall_s": stall_s, "job_steps": job_steps}
+
+
+def test_torchft_alone_integrates_one_pace_never_double_counting_a_stall():
+    # healthy 4 steps/s from t=10 to t=110; a straggler at 20 s slows the job to 1 step/s
+    # (torchft_alone: 3 steps/s lost over its 90 s), a hang at 30 s stalls it 25 s, a
+    # partition at 70 s stops it for good: 40 + 10 + 0 + 15 steps
+    samples = [{"last_step_at_s": 10.0 + t, "step": 3 * t} for t in range(0, 101)]
+    slow = _fault("slow_compute", 2, 20.0, None, _tf(None, 0.0, 270), rank=1)
+    hang = _fault("hang", 1, 30.0, 60.0, _tf(25.0, 25.0, 100), rank=1)
+    part = _fault("partition", 0, 70.0, 80.0, _tf(None, 40.0, 160), host="node-0")
+    rep = {"faults": [slow, hang, part], "duration_s": 110.0, "training_started_at_s": 10.0,
+           "healthy_step_rate": 4.0, "evictions": [], "events": []}
+    g = summary(rep, {"seed": 1, "soak_s": 100.0}, samples)["goodput"]
+    assert g["torchft_alone_steps"] == 40 + 10 + 0 + 15
+    assert g["torchft_alone_stopped_for_good_at_s"] == 70.0
+    assert g["vs_torchft_alone"] == round(300 / 65, 2)
+    # without the partition: the hang's stall is not charged at the healthy pace on top of
+    # the straggler's drag; at least every step outside the stall at the straggler's pace
+    rep["faults"] = [slow, hang]
+    g = summary(rep, {"seed": 1, "soak_s": 100.0}, samples)["goodput"]
+    assert g["torchft_alone_steps"] == 40 + 10 + 0 + 55
+    assert g["torchft_alone_stopped_for_good_at_s"] is None
+    # two overlapping stalls count once
+    host = _fault("host_offline", 2, 40.0, 60.0, _tf(20.0, 20.0, 80), host="node-2")
+    rep["faults"] = [hang, host]
+    g = summary(rep, {"seed": 1, "soak_s": 100.0}, samples)["goodput"]
+    assert g["torchft_alone_steps"] == 4 * (20 + 50)
+
+
+def test_a_fault_never_found_does_not_explain_its_groups_later_evictions():
+    samples = [{"last_step_at_s": 10.0 + t, "step": 2 * t} for t in range(0, 201)]
+    missed = _fault("slow_compute", 1, 20.0, None, None, rank=1)
+    missed.update(outcome="not detected", detected_at_s=None)
+    hang = _fault("hang", 2, 150.0, 170.0, None, rank=1)
+    rep = {"faults": [missed, hang], "duration_s": 210.0, "training_started_at_s": 10.0,
+           "healthy_step_rate": 2.0, "hosts": {},
+           "evictions": [{"replica_group": 1, "decision": "evict", "at_s": 50.0},
+                         {"replica_group": 1, "decision": "evict", "at_s": 190.0}],
+           "events": [{"t": 81.0, "kind": "outcome", "replica_group": 1,
+                       "detail": "fault 1: not detected (no finding in 60 s)"}]}
+    s = summary(rep, {"seed": 1, "soak_s": 200.0}, samples)
+    assert [e["at_s"] for e in s["false_evictions"]] == [190.0]
+    # without its outcome event: its story was over when the next fault was injected
+    rep["events"] = []
+    rep["evictions"][0]["at_s"] = 140.0
+    s = summary(rep, {"seed": 1, "soak_s": 200.0}, samples)
+    assert [e["at_s"] for e in s["false_evictions"]] == [190.0]
+
+
+class _Reads(Sampling):
+    """The demo's monitor reads against a monitor that lists its newest 500 rows."""
+
+    def __init__(self) -> None:
+        self.findings, self.evictions, self.goodput = [], [], None
+        self._seen_findings, self._seen_evictions, self._q_seen = set(), set(), set()
+        self.rows: list[dict] = []
+
+    def monitor_get(self, path: str):
+        if path.startswith("/v1/evictions"):
+            return sorted(self.rows, key=lambda r: -r["id"])[:500]
+        return [] if path.startswith("/v1/findings") else None
+
+    def event(self, kind, group, detail) -> None:
+        pass
+
+
+def test_the_demo_keeps_every_decision_a_long_run_pushes_out_of_the_monitors_newest():
+    demo = _Reads()
+    for batch in range(3):
+        demo.rows += [{"id": i, "replica_group": 0, "at": float(i), "decision": "hold",
+                       "reason": "hang", "status": "held"} for i in range(batch * 300,
+                                                                      (batch + 1) * 300)]
+        demo.poll_monitor()
+    assert [d["id"] for d in demo.evictions] == list(range(899, -1, -1))
+    demo.rows[-1]["status"] = "lifted"  # a row still listed: its newest version
+    demo.poll_monitor()
+    assert demo.evictions[0]["status"] == "lifted" and len(demo.evictions) == 900

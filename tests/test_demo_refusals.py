@@ -1,0 +1,174 @@
+"""What ``lightkeeper demo`` refuses before it runs, or still does when it fails: network faults
+without host quarantine (their host is healed only once quarantined), a report directory another
+user made or swapped between the check and the run (as root), more hosts than a fabric has
+addresses for; and a bug in the run still stops everything and writes the report.
+
+In-process: nothing is started (``Demo`` is replaced; the lock is a file of no consequence)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from lightkeeper import demo as demo_mod
+from lightkeeper import report
+from trainer.faults import NETWORK_KINDS
+
+
+class Reached(Exception):
+    """The demo got as far as starting its processes, with this scenario."""
+
+    def __init__(self, sc) -> None:
+        super().__init__("reached")
+        self.faults = list(sc.faults)
+
+
+class FakeFabric:
+    hosts: list = []
+
+    def close(self) -> None:
+        pass
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    demo_mod.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """``demo.run`` with namespaced hosts that are built at once (``built`` counts them) and a
+    ``Demo`` that ends the run when it is made (:class:`Reached`)."""
+    state = argparse.Namespace(built=0)
+
+    def build_fabric(hosts):
+        state.built += 1
+        return FakeFabric(), None
+
+    def demo(args, sc, report_dir, fabric):
+        raise Reached(sc)
+
+    monkeypatch.setattr(demo_mod, "missing_trainer_packages", lambda: [])
+    monkeypatch.setattr(demo_mod, "acquire_lock", lambda: os.open(os.devnull, os.O_RDONLY))
+    monkeypatch.setattr(demo_mod, "build_fabric", build_fabric)
+    monkeypatch.setattr(demo_mod, "Demo", demo)
+    return state
+
+
+def _scenario(*argv: str) -> list:
+    with pytest.raises(Reached) as got:
+        demo_mod.run(_args(*argv))
+    return got.value.faults
+
+
+# --- network faults need quarantine ------------------------------------------------------------
+@pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run"])
+def test_without_quarantine_the_default_scenario_has_no_network_fault(cli, flag, tmp_path,
+                                                                       capsys):
+    assert any(p.kind == "partition" for p in _scenario("--report-dir", str(tmp_path / "a")))
+    capsys.readouterr()
+    faults = _scenario(flag, "--report-dir", str(tmp_path / "b"))
+    assert faults and not [p for p in faults if p.kind in NETWORK_KINDS], faults
+    assert f"no network fault in the scenario: with {flag}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run"])
+def test_a_network_fault_without_quarantine_is_refused(cli, flag, capsys):
+    code = demo_mod.run(_args(flag, "--inject", "0:partition:at_step=20"))
+    err = capsys.readouterr().err
+    assert code == 2 and cli.built == 0
+    assert f"partition:at_step=20 is a network fault, and with {flag} its host is never " \
+           "healed" in err and "Traceback" not in err
+
+
+# --- the report directory, as root -------------------------------------------------------------
+@pytest.mark.parametrize("swap", ["world-writable", "link"])
+def test_a_report_dir_made_by_someone_else_after_the_check_is_refused(cli, monkeypatch,
+                                                                       tmp_path, capsys, swap):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    target, elsewhere = tmp_path / "run" / "report", tmp_path / "theirs"
+
+    def appears():  # between the check (it did not exist) and the demo creating it
+        if swap == "link":
+            elsewhere.mkdir()
+            target.parent.mkdir()
+            target.symlink_to(elsewhere)
+        else:
+            target.mkdir(parents=True)
+            target.chmod(0o777)
+        return os.open(os.devnull, os.O_RDONLY)
+
+    monkeypatch.setattr(demo_mod, "acquire_lock", appears)
+    code = demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir", str(target)))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--report-dir {target}: " in err and "Traceback" not in err
+    assert not os.listdir(target)  # nothing written there
+
+
+def test_a_report_dir_the_demo_creates_is_its_own(cli, tmp_path):
+    target = tmp_path / "new" / "report"
+    _scenario("--no-faults", "--hosts", "loopback", "--report-dir", str(target))
+    assert target.is_dir() and target.stat().st_mode & 0o777 == 0o700
+
+
+# --- hosts -------------------------------------------------------------------------------------
+def test_more_namespaced_hosts_than_a_fabric_has_is_refused_up_front(cli, capsys):
+    from lightkeeper.fabric import MAX_HOSTS
+
+    code = demo_mod.run(_args("--hosts", "netns", "--groups", "3",
+                              "--spare-hosts", str(MAX_HOSTS - 2)))
+    err = capsys.readouterr().err
+    assert code == 2 and cli.built == 0
+    assert f"at most {MAX_HOSTS} (one namespace each)" in err
+
+
+def test_auto_hosts_beyond_a_fabric_fall_back_to_loopback(monkeypatch):
+    from lightkeeper.fabric import MAX_HOSTS, Fabric
+
+    monkeypatch.setattr(Fabric, "unavailable", staticmethod(lambda: None))
+
+    def create(nodes):
+        raise AssertionError("a fabric built for more hosts than it has addresses")
+
+    monkeypatch.setattr(Fabric, "create", staticmethod(create))
+    monkeypatch.setattr(Fabric, "sweep_stale", staticmethod(lambda: []))
+    fabric, note = demo_mod.build_fabric(MAX_HOSTS + 1)
+    assert fabric is None and f"a fabric has at most {MAX_HOSTS}" in note
+
+
+# --- a bug in the run ------------------------------------------------------------------------
+class BuggyDemo:
+    def __init__(self, args, sc, report_dir, fabric) -> None:
+        self.tracks, self.faults, self.monitor_url, self.monitor_proc = [], [], None, None
+        self.keeping = self.interrupted = self.stopped = False
+        self.error = None
+
+    def start(self) -> None:
+        raise RuntimeError("a bug")
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_bug_in_the_run_still_stops_everything_and_writes_the_report(cli, monkeypatch,
+                                                                       tmp_path):
+    written = []
+
+    def write_report(demo, report_dir, final=True):
+        written.append((demo.stopped, demo.error, Path(report_dir)))
+        return "the summary"
+
+    monkeypatch.setattr(demo_mod, "Demo", BuggyDemo)
+    monkeypatch.setattr(report, "write_report", write_report)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="a bug"):  # told after the report, not swallowed
+        demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir",
+                           str(tmp_path / "r")))
+    assert written == [(True, "RuntimeError: a bug", tmp_path / "r")]
+    assert signal.getsignal(signal.SIGTERM) == before
