@@ -56,11 +56,14 @@ def test_k8s_two_jobs_on_one_node_release_only_their_own(kube):
     of its own, the default selector deletes only that job's pods, and one job's release leaves
     the node cordoned, tainted and quarantined while the other's quarantine stands."""
     api, rx, sink = kube
+    api.pods = {f"{j}-0": ("node-1", {**api.JOB_POD, "lightkeeper/job": j})
+                for j in ("alpha", "beta")}
     alpha, beta = {**EVENT, "job": "alpha"}, {**EVENT, "job": "beta", "kind": "hang"}
     assert sink.quarantine(alpha).ok and sink.quarantine(beta).ok
     lists = [r for r in rx.requests if r["method"] == "GET" and r["path"].endswith("/pods")]
-    assert [r["query"]["labelSelector"] for r in lists] == [
-        [f"app.kubernetes.io/component=training,lightkeeper/job={j}"] for j in ("alpha", "beta")]
+    assert [r["query"]["labelSelector"] for r in lists] == [  # the claim's check, the deletion
+        [f"app.kubernetes.io/component=training,lightkeeper/job={j}"]
+        for j in ("alpha", "alpha", "beta", "beta")]
 
     def quarantine_taints():
         return [(t["key"], t["value"]) for t in api.node["spec"]["taints"]

@@ -13,8 +13,8 @@ exercised).
 - The wiring holds: selectors match labels, ``$(VAR)`` references resolve, URLs name Services
   and ports that exist, tokens come from a Secret, the WorkerServer binds the pod IP on a named
   port, the job's size reaches every consumer. Checked on the files as they are, and on each
-  overlay rendered by kustomize (``kustomize build`` or ``kubectl kustomize``) when one is on
-  PATH (skipped otherwise, with the reason).
+  overlay rendered by kustomize 4.5.5 or later (``kustomize build`` or ``kubectl kustomize``)
+  when one is on PATH (skipped otherwise, with the reason).
 """
 
 from __future__ import annotations
@@ -129,19 +129,33 @@ def unrendered(overlay: Path) -> list[dict]:
     return [*docs, cm]
 
 
+KUSTOMIZE_MIN = (4, 5, 5)  # the overlays' labels[].includeTemplates
+NO_KUSTOMIZE = ("no kustomize >= 4.5.5 on PATH (kustomize, or kubectl >= 1.25, which bundles "
+                "it)")
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    """``v5.5.0``, ``{Version:kustomize/v4.5.7 GitCommit:...}`` -> (5, 5, 0), (4, 5, 7)."""
+    m = re.search(r"v(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(map(int, m.groups())) if m else None
+
+
 def kustomize_command() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
+    """A kustomize that renders the overlays, standalone or kubectl's, or None."""
+    found = shutil.which("kustomize")
+    if found:
+        r = subprocess.run([found, "version"], capture_output=True, text=True, timeout=30)
+        if (_version(r.stdout) or (0,)) >= KUSTOMIZE_MIN:
+            return [found, "build"]
     kubectl = shutil.which("kubectl")
     if kubectl:
         r = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True,
                            text=True, timeout=30)
         try:
-            version = json.loads(r.stdout).get("kustomizeVersion", "")
+            version = str(json.loads(r.stdout).get("kustomizeVersion", ""))
         except ValueError:
             version = ""
-        # kustomize 4 has `replacements` and `labels`; kubectl < 1.21 bundles kustomize 2
-        if re.match(r"v?([4-9]|\d\d)\.", version):
+        if (_version(version) or (0,)) >= KUSTOMIZE_MIN:
             return [kubectl, "kustomize"]
     return None
 
@@ -150,8 +164,7 @@ def kustomize_command() -> list[str] | None:
 def rendered(overlay: Path) -> tuple[dict, ...]:
     cmd = kustomize_command()
     if cmd is None:
-        pytest.skip("no kustomize >= 4 on PATH (kustomize, or kubectl >= 1.21): the overlays "
-                    "are checked unrendered only")
+        pytest.skip(f"{NO_KUSTOMIZE}: the overlays are checked unrendered only")
     r = subprocess.run([*cmd, str(overlay)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"{' '.join(cmd)} {overlay.name}: {r.stderr}"
     return tuple(d for d in yaml.load_all(r.stdout, Loader=_Loader) if d)
@@ -729,6 +742,29 @@ def relabel(labels: dict[str, str], configs: list[dict]) -> dict[str, str] | Non
     return labels
 
 
+@pytest.mark.parametrize("kustomize,kubectl,want", [
+    ("v4.5.4", "v4.5.4", None),  # kubectl 1.24's: no labels[].includeTemplates
+    ("{Version:kustomize/v4.5.4 GitCommit:cf3a452}", "", None),
+    ("{Version:kustomize/v4.5.5 GitCommit:daa3e5e}", "", "kustomize"),
+    ("v5.5.0", "v5.5.0", "kustomize"),
+    ("v3.10.0", "v4.5.7", "kubectl"),  # an old standalone one, kubectl 1.25's is new enough
+    (None, "v4.5.7", "kubectl"),
+    (None, "", None),  # kubectl 1.20: kustomize 2, no version in the JSON
+])
+def test_kustomize_command_requires_4_5_5(monkeypatch, kustomize, kubectl, want):
+    """Stand-in ``kustomize version`` and ``kubectl version`` answers (no binary runs)."""
+    monkeypatch.setattr(shutil, "which", lambda name: f"/x/{name}" if name == "kubectl" or
+                        kustomize is not None else None)
+
+    def run(argv, **kw):
+        out = kustomize if argv[0] == "/x/kustomize" else json.dumps(
+            {"clientVersion": {}, **({"kustomizeVersion": kubectl} if kubectl else {})})
+        return subprocess.CompletedProcess(argv, 0, out, "")
+    monkeypatch.setattr(subprocess, "run", run)
+    got = kustomize_command()
+    assert (got[0].removeprefix("/x/") if got else None) == want, got
+
+
 def test_podmonitor_relabeling_keeps_worker_ports_and_names_the_replica_group():
     (pm,) = load_docs(KDIR / "monitoring" / "podmonitor.yaml")
     rules = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
@@ -736,7 +772,8 @@ def test_podmonitor_relabeling_keeps_worker_ports_and_names_the_replica_group():
                                     "__meta_kubernetes_pod_label_apps_kubernetes_io_pod_index",
                                     "__meta_kubernetes_pod_label_leaderworkerset_sigs_k8s_io_"
                                     "group_index")
-    node = {"__meta_kubernetes_pod_node_name": "gpu-17"}
+    ready, phase = "__meta_kubernetes_pod_ready", "__meta_kubernetes_pod_phase"
+    node = {"__meta_kubernetes_pod_node_name": "gpu-17", ready: "true", phase: "Running"}
     sts = relabel({port: "lk-worker-3", pod_index: "5", **node}, rules)
     assert (sts["replica_group"], sts["lightkeeper_component"], sts["node"]) == \
         ("5", "worker", "gpu-17")
@@ -745,7 +782,11 @@ def test_podmonitor_relabeling_keeps_worker_ports_and_names_the_replica_group():
     assert lws["replica_group"] == "2"
     assert relabel({port: "lk-worker-7", **node}, rules) is not None
     for other in ("store", "lk-workers", "metrics", ""):
-        assert relabel({port: other, pod_index: "0"}, rules) is None, other
+        assert relabel({port: other, pod_index: "0", **node}, rules) is None, other
+    # a pod still starting (Pending with an IP: pulling its image; Running with local rank 0's
+    # WorkerServer not answering its readiness probe yet) is no target: no LightkeeperRankDown
+    for state in ({ready: "false", phase: "Pending"}, {ready: "false", phase: "Running"}):
+        assert relabel({port: "lk-worker", pod_index: "0", **node, **state}, rules) is None, state
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
@@ -755,7 +796,7 @@ def test_two_jobs_with_quarantine_keep_their_own_cluster_scoped_rbac(overlay, tm
     one job never rebinds or removes the other's; the rest stays wired. Rendered by kustomize
     only (no API server runs here)."""
     if kustomize_command() is None:
-        pytest.skip("no kustomize >= 4 on PATH (kustomize, or kubectl >= 1.21)")
+        pytest.skip(NO_KUSTOMIZE)
     cluster_scoped: dict[str, set[tuple[str, str]]] = {}
     for ns in ("job-a", "job-b"):
         copy_dir = tmp_path / ns

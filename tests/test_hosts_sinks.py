@@ -341,9 +341,13 @@ def test_slurm_drains_a_node_slurm_marked_down_but_not_an_operators(tmp_path, mo
 
 
 class FakeKubeAPI:
-    """The FAKE API server's state and answers: one node, pods listed by selector."""
+    """The FAKE API server's state and answers: one node, pods listed by their labels (equality
+    selectors) and ``spec.nodeName``."""
+
+    JOB_POD = {"app.kubernetes.io/component": "training", "lightkeeper/job": "j"}
 
     def __init__(self):
+        self.pods = {f"training-{i}": ("node-1", self.JOB_POD) for i in (1, 2)}  # name: (node, labels)
         self.node = {"apiVersion": "v1", "kind": "Node",
                      "metadata": {"name": "node-1", "resourceVersion": "41"},
                      "spec": {"taints": [{"key": "other", "value": "x",
@@ -367,9 +371,13 @@ class FakeKubeAPI:
         if req["path"] == "/api/v1/nodes/node-1/status":
             return 200, self.node
         if req["path"] == "/api/v1/namespaces/train/pods" and req["method"] == "GET":
+            want = dict(kv.split("=", 1) for q in ("labelSelector", "fieldSelector")
+                        for kv in req["query"].get(q, [""])[0].split(",") if kv)
             items = [{"apiVersion": "v1", "kind": "Pod",
-                      "metadata": {"name": f"training-{i}", "namespace": "train"}}
-                     for i in (1, 2)]
+                      "metadata": {"name": name, "namespace": "train", "labels": labels},
+                      "spec": {"nodeName": node, "containers": []}}
+                     for name, (node, labels) in self.pods.items()
+                     if {**labels, "spec.nodeName": node}.items() >= want.items()]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
                          "items": items}
         if req["path"].startswith("/api/v1/namespaces/train/pods/"):
@@ -402,12 +410,14 @@ def test_k8s_quarantine_exact_requests(kube):
     assert res.ok, res.detail
     assert "deleted 2 pod(s)" in res.detail
     reqs = [(r["method"], r["path"]) for r in rx.requests]
-    assert reqs == [("GET", "/api/v1/nodes/node-1"), ("PATCH", "/api/v1/nodes/node-1"),
+    assert reqs == [("GET", "/api/v1/namespaces/train/pods"),  # the claim checked first
+                    ("GET", "/api/v1/nodes/node-1"), ("PATCH", "/api/v1/nodes/node-1"),
                     ("PATCH", "/api/v1/nodes/node-1/status"),
                     ("GET", "/api/v1/namespaces/train/pods"),
                     ("DELETE", "/api/v1/namespaces/train/pods/training-1"),
                     ("DELETE", "/api/v1/namespaces/train/pods/training-2")]
-    patch, status, pods = rx.requests[1], rx.requests[2], rx.requests[3]
+    check, patch, status, pods = rx.requests[0], rx.requests[2], rx.requests[3], rx.requests[4]
+    assert check["query"] == pods["query"]
     assert patch["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
     assert json.loads(patch["body"]) == {
         "metadata": {"resourceVersion": "41",
@@ -448,6 +458,40 @@ def test_k8s_release_leaves_an_operators_cordon(kube):
     assert api.node["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoExecute"}]
     assert not api.node["metadata"].get("annotations")
 
+def test_k8s_quarantines_only_a_node_that_runs_a_pod_of_the_job(kube):
+    """The node is the rank's claim (its NODE_NAME): a pod could name any node, another team's.
+    A node with no pod of the job (none at all, or only another job's) is not patched, and the
+    refusal is final; one with a pod of the job is cordoned. The FAKE API server filters pods by
+    label and ``spec.nodeName`` as the real one does."""
+    api, rx, sink = kube
+    api.pods = {"training-1": ("node-2", FakeKubeAPI.JOB_POD),
+                "other-1": ("node-1", {**FakeKubeAPI.JOB_POD, "lightkeeper/job": "other"})}
+    res = sink.quarantine(EVENT)
+    assert not res.ok and not res.retry, res.detail
+    assert res.detail == "node node-1 runs no pod of job j: claim not verified"
+    assert [(r["method"], r["path"]) for r in rx.requests] == [
+        ("GET", "/api/v1/namespaces/train/pods")]
+    assert not api.node["spec"].get("unschedulable") and len(api.node["spec"]["taints"]) == 1
+
+    api.pods["training-2"] = ("node-1", FakeKubeAPI.JOB_POD)
+    res = sink.quarantine(EVENT)
+    assert res.ok and "deleted 1 pod(s) on the node (training-2)" in res.detail, res.detail
+    assert api.node["spec"]["unschedulable"] is True
+    assert ("PATCH", "/api/v1/nodes/node-1") in [(r["method"], r["path"]) for r in rx.requests]
+
+
+def test_k8s_release_needs_no_pod_of_the_job(kube):
+    """Release reads the node's own marks, not the claim: a node this sink cordoned is
+    uncordoned after the job's pods are gone (deleted by the quarantine, the job ended)."""
+    api, rx, sink = kube
+    assert sink.quarantine(EVENT).ok
+    api.pods = {}
+    res = sink.release({**EVENT, "event": "release"})
+    assert res.ok, res.detail
+    assert api.node["spec"]["unschedulable"] is False
+    assert api.node["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoExecute"}]
+
+
 def test_k8s_release_of_a_node_that_is_gone_is_done(kube):
     """The node was replaced (an autoscaler) while quarantined: nothing is left to uncordon,
     and a failed release would keep its alert firing for good."""
@@ -464,7 +508,7 @@ def test_k8s_error_paths(kube, code, retry):
     api.fail[("PATCH", "/api/v1/nodes/node-1")] = code
     res = sink.quarantine(EVENT)
     assert not res.ok and res.retry is retry and f"HTTP {code}" in res.detail
-    assert [r["method"] for r in rx.requests] == ["GET", "PATCH"]  # stopped at the failure
+    assert [r["method"] for r in rx.requests] == ["GET", "GET", "PATCH"]  # stopped there
     api.fail.clear()
     api.fail[("DELETE", "/api/v1/namespaces/train/pods/training-1")] = 404  # gone already
     api.fail[("DELETE", "/api/v1/namespaces/train/pods/training-2")] = code

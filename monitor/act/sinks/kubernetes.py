@@ -1,5 +1,6 @@
 """Kubernetes sink: cordon and taint the quarantined node, say why in a node condition, and
-delete the job's pods on it so their controller reschedules them elsewhere.
+delete the job's pods on it so their controller reschedules them elsewhere. A node that runs no
+pod of the job is left alone: the node is what a rank claims.
 
 Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration; RBAC in
 ``deploy/kubernetes/quarantine/``. Each step is idempotent, the first failure ends the attempt;
@@ -83,6 +84,11 @@ class KubernetesSink:
         kind, job = str(event.get("kind") or "quarantined"), str(event.get("job") or "")
         done: list[str] = []
         try:
+            # the node is the rank's own claim: act only where the job has a pod, or any pod
+            # could get another team's node cordoned
+            if not self._job_pods(node, job):
+                return ActionResult(False, f"node {node} runs no pod of job {job or '?'}: "
+                                    "claim not verified", retry=False)
             self._patch_node(node, taint_key(job), taint_value(kind))
             done.append("cordoned and tainted")
             self._set_condition(node, True, _reason(kind), str(event.get("reason") or kind))
@@ -153,15 +159,19 @@ class KubernetesSink:
         self.client.patch(Node.Status, node, {"status": {"conditions": [cond]}},
                           patch_type=PatchType.STRATEGIC)
 
-    def _delete_pods(self, node: str, job: str) -> list[str]:
+    def _job_pods(self, node: str, job: str) -> list[str]:
+        """The names of the job's pods (the pod selector) bound to ``node``."""
         from lightkube.resources.core_v1 import Pod
 
         labels = {**self._labels, JOB_LABEL: job} if self._by_job else self._labels
-        names = [p.metadata.name for p in self.client.list(
-            Pod, namespace=self.namespace, labels=labels,
-            fields={"spec.nodeName": node})]
+        return [p.metadata.name for p in self.client.list(
+            Pod, namespace=self.namespace, labels=labels, fields={"spec.nodeName": node})]
+
+    def _delete_pods(self, node: str, job: str) -> list[str]:
+        from lightkube.resources.core_v1 import Pod
+
         deleted = []
-        for name in names:
+        for name in self._job_pods(node, job):  # listed again: the cordon keeps new ones out
             try:
                 self.client.delete(Pod, name, namespace=self.namespace)
                 deleted.append(name)
