@@ -93,6 +93,82 @@ def test_groups_stepping_with_the_lighthouse_down_are_no_job_stall(tmp_path, job
         d.mon.stop()
 
 
+def test_a_quorum_wait_after_steps_committed_while_the_lighthouse_is_unreadable_is_no_stall(
+        tmp_path, job):
+    """Only the monitor lost the Lighthouse (its /status read fails): the job commits steps, which
+    needs a quorum, so the ranks reach it. A quorum wait past the hang threshold then (survivors
+    waiting out a heartbeat timeout, a reconfigure) is torchft's own, no job_stall blaming the
+    Lighthouse; a stall in the collective is still one, naming the network."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        d.sweeps(6)  # steps commit: the ranks reach the Lighthouse
+        _wait_for_quorum(job, 4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        assert d.mon.detectors.job_findings() == []
+        assert not d.mon.detectors.probes_wanted()
+        assert d.mon.last_sweep_error is None and d.mon.detectors.last_error is None
+        d.train.stall(4.0, d.clock.t)  # every rank blocked in the allreduce itself
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.kind == "job_stall" and f.evidence["lighthouse_unreadable"] is True
+        assert "network fault" in f.evidence["summary"]
+        assert "the ranks reach it" in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
+def test_a_step_already_past_its_quorum_when_the_lighthouse_went_down_proves_nothing(
+        tmp_path, job):
+    """The steps that had their quorum before the Lighthouse went down still commit in the first
+    sweep after the monitor lost it: the quorum wait that follows is still the Lighthouse's."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        d.sweep(steps=0)
+        d.sweep(steps=1)
+        _wait_for_quorum(job, 4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.kind == "job_stall" and "the Lighthouse does not answer" in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
+def _wait_cross(r, phase: str, waiting_s: float, now: float, **state) -> None:
+    r.update(phase=phase, phase_since=now - waiting_s, **state,
+             timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": waiting_s}})
+
+
+@pytest.mark.parametrize("phase", ["allreduce", "quorum"])
+@pytest.mark.parametrize("joiner_s,stall", [(8.0, False), (60.0, True)])
+def test_a_group_joining_holds_the_others_in_either_phase_with_the_lighthouse_down(
+        tmp_path, job, phase, joiner_s, stall):
+    """The monitor cannot read the Lighthouse; a group outside the newest quorum asks for its own
+    since the others began waiting (joining: recovery, no stall), whether the others wait in the
+    allreduce or in their quorum call. One asking since long before holds nobody: a stall."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        q = job.sim.group(0)[0].state["quorum_id"]
+        for g in range(4):
+            for r in job.sim.group(g):
+                if g == 3:
+                    _wait_cross(r, "quorum", joiner_s, d.clock.t, quorum_id=q - 1)
+                else:
+                    _wait_cross(r, phase, 8.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        assert [f.kind for f in d.mon.detectors.job_findings()] == (["job_stall"] if stall else [])
+    finally:
+        d.mon.stop()
+
+
 def test_a_group_healing_from_a_peer_is_no_job_stall(tmp_path, job):
     """A restarted group heals: torchft receives the peer's checkpoint in its quorum thread, and
     its allreduce waits for that (shown blocked in the cross-group collective, its quorum not

@@ -27,6 +27,9 @@ LATE_SHARE = 0.5  # of the step's rise, one group's arrival lag this much: it, n
 # of the hang threshold: a job stall this far on its way starts the probe mesh, so that its
 # rounds are in when the stall confirms
 STALL_SUSPECT = 0.5
+# sweeps into the monitor's Lighthouse outage whose commits prove nothing: steps already past
+# their quorum when it went down still commit
+LH_SLACK_SWEEPS = 2
 _NO_WAIT = (None, 0.0)
 
 
@@ -118,15 +121,24 @@ def _quorum_stall(groups: list, threshold: float) -> tuple[dict, set, float] | N
 JOIN_SLACK_S = 5.0  # a joiner's wait may have begun this much before the others' collective
 
 
-def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | None = None) -> bool:
+def _cross_wait(state: Any) -> float:
+    """A rank's cross-group wait in any phase (its quorum call too), else its collective wait."""
+    scope, secs = current_wait(state)
+    return secs if scope == "cross" and secs is not None else collective_wait(state)[1]
+
+
+def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | None = None,
+             any_phase: bool = False) -> bool:
     """A group outside the newest quorum still in its own (joining, or healing) holds the others:
     recovery, no stall. Its raw wait in any phase (a synchronous quorum heals inside
     start_quorum), and only one that began with the others' (a group re-asking since before
-    holds nobody); with the Lighthouse's status of that quorum, only a member of it."""
+    holds nobody); with the Lighthouse's status of that quorum, only a member of it.
+    ``any_phase``: the others' wait in their quorum call counts too (the quorum branch's)."""
     in_q = {gv.replica_group for gv in groups}
     members = lighthouse.members if lighthouse is not None and lighthouse.quorum_id is not None \
         and lighthouse.quorum_id == view.quorum_id else None
-    longest = max((collective_wait(r.state)[1] for gv in groups for r in gv.ranks if r.fresh),
+    wait_of = _cross_wait if any_phase else (lambda st: collective_wait(st)[1])
+    longest = max((wait_of(r.state) for gv in groups for r in gv.ranks if r.fresh),
                   default=0.0)
     slack = max(JOIN_SLACK_S, 3 * (view.median_step_seconds() or 0.0))
     for gv in view.groups.values():
@@ -154,6 +166,8 @@ class JobWide:
         self._changed_at: int | None = None  # the newest step when they last changed
         self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
+        # (sweeps, quorum id, newest step) since every rank's verdict was lighthouse_unreadable
+        self._lh_out: tuple[int, int | None, int | None] | None = None
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
@@ -175,6 +189,7 @@ class JobWide:
         # a group evicted, still of the quorum, holds the others until torchft drops it
         killed = [g for g, gv in view.groups.items() if gv.replica_id in evicted
                   and of_quorum(g)] if evicted and not blamed else []
+        self._note_lighthouse(view, groups)
         members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
@@ -197,6 +212,33 @@ class JobWide:
         out = [self.stall(view, groups, now, hang, blamed or killed, lighthouse, blind),
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
+
+    def _note_lighthouse(self, view: ClusterView, groups: list) -> None:
+        """Track the monitor's Lighthouse outage: its quorum and newest step, noted through its
+        first ``LH_SLACK_SWEEPS`` sweeps. A sweep with no fresh rank neither starts nor ends it."""
+        fresh = [r for gv in groups for r in gv.ranks if r.fresh]
+        if not fresh:
+            return
+        if not all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
+                   for r in fresh):
+            self._lh_out = None
+            return
+        sweeps = (self._lh_out[0] if self._lh_out else 0) + 1
+        if sweeps <= LH_SLACK_SWEEPS:
+            top = max((gv.step for gv in groups if gv.step is not None), default=None)
+            self._lh_out = (sweeps, view.quorum_id, top)
+        else:
+            self._lh_out = (sweeps, *self._lh_out[1:])
+
+    def _lighthouse_blamable(self, view: ClusterView, groups: list) -> bool:
+        """The monitor cannot read the Lighthouse and nothing shows the ranks can: no quorum
+        formed and no step committed since (past the slack). A commit needs a quorum, so one
+        during the outage proves the ranks reach it (the monitor's read is what fails)."""
+        if self._lh_out is None:
+            return False
+        _, q, top = self._lh_out
+        now = max((gv.step for gv in groups if gv.step is not None), default=None)
+        return view.quorum_id == q and (now is None or top is None or now <= top)
 
     def suspected(self) -> bool:
         """A slow window seen but ``job_slow`` not yet confirmed, or a job stall past
@@ -234,24 +276,27 @@ class JobWide:
         if blamed:
             self._explained(key, now)
             return None
-        if hang.stalled_sweeps < 1 or len(groups) < 2 or _joining(view, groups, lighthouse):
+        # torchft's allreduce waits for its quorum first: with the Lighthouse down (restarted)
+        # every rank shows blocked in the collective, or in its quorum call, and the network is
+        # not to blame; unless a step committed since the monitor lost it (its read fails, the
+        # ranks' do not): then a long quorum wait is torchft's own (a heartbeat timeout)
+        lh_down = all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
+                      for gv in groups for r in gv.ranks if r.fresh)
+        lh_blamed = lh_down and self._lighthouse_blamable(view, groups)
+        if hang.stalled_sweeps < 1 or len(groups) < 2 \
+                or _joining(view, groups, lighthouse, any_phase=lh_blamed):
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
         shape = _stall_shape(groups, waits) if stalled else None
-        # torchft's allreduce waits for its quorum first: with the Lighthouse down (restarted)
-        # every rank shows blocked in the collective, or in its quorum call, and the network is
-        # not to blame
-        lh_down = all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
-                      for gv in groups for r in gv.ranks if r.fresh)
         where = "blocked in the cross-group collective"
-        if shape is None and lh_down and (waiting := _quorum_stall(groups, threshold)):
+        if shape is None and lh_blamed and (waiting := _quorum_stall(groups, threshold)):
             shape, longest = (waiting[0], waiting[1], []), waiting[2]
             where = "blocked across groups (in the collective or its quorum call)"
         if shape is None:  # e.g. between quorums: an open one stays open until a step moves
             if was is None:
                 early, _, _, waits = hang.stall(view, now, STALL_SUSPECT)
                 self._stall_suspected = (early and _stall_shape(groups, waits) is not None) or (
-                    lh_down and _quorum_stall(groups, STALL_SUSPECT * threshold) is not None)
+                    lh_blamed and _quorum_stall(groups, STALL_SUSPECT * threshold) is not None)
             return None
         per_group, steps, through = shape
         for gv in through:
@@ -262,7 +307,9 @@ class JobWide:
         hosts = _hosts(groups)
         past = sorted(gv.replica_group for gv in through)
         cause = ("the Lighthouse does not answer the monitor either: the ranks may be waiting "
-                 "for their quorum" if lh_down else "a network fault makes every group wait alike")
+                 "for their quorum" if lh_blamed else "a network fault makes every group wait alike"
+                 + ("; the Lighthouse does not answer the monitor, but steps committed since: "
+                    "the ranks reach it" if lh_down else ""))
         ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
                          f"{where} at step {max(steps)}"
                          + (f" or, through it, waits for a quorum (group(s) {past})"
