@@ -31,10 +31,20 @@ from tests.test_audit_install_bootstrap import checkout
 STAND_IN_PYTHON = """#!/bin/sh
 echo "$*" >> "{root}/py.log"
 [ "$1" = -c ] && exec "{real}" "$@"
+[ "$1 $2" = "-m ensurepip" ] && exit 0
 rm -rf .venv && mkdir -p .venv/bin
 printf '#!/bin/sh\\nif [ "$1 $2" = "-m pip" ]; then shift 2; echo "$*" >> "%s"; fi\\n' \\
   "{root}/pip.log" > .venv/bin/python
 chmod 755 .venv/bin/python
+"""
+# Debian's python3.11 without python3.11-venv: no ensurepip, and `venv --clear` empties the
+# directory before it fails for want of it
+NO_ENSUREPIP_PYTHON = """#!/bin/sh
+echo "$*" >> "{root}/py.log"
+[ "$1" = -c ] && exec "{real}" "$@"
+[ "$1 $2" = "-m ensurepip" ] && {{ echo "No module named ensurepip" >&2; exit 1; }}
+[ "$1 $2 $3" = "-m venv --clear" ] && rm -rf "$4"
+exit 1
 """
 # a Python 3.10's .venv, as far as bootstrap asks it (no torch there either)
 OLD_PYTHON = """#!/bin/sh
@@ -199,4 +209,51 @@ def test_a_moved_checkout_installs_the_project_again(tmp_path):
     assert "-e .[dev]" in (root / "pip.log").read_text(), done.stderr
     again = bootstrap(root)  # installed here now: not again
     assert again.returncode == 0 and "installing lightkeeper" not in again.stderr, again.stderr
+    assert (root / "pip.log").read_text().count("-e .[dev]") == 1
+
+
+def test_a_venv_is_not_cleared_where_the_python_to_rebuild_it_has_no_ensurepip(tmp_path):
+    """``venv --clear`` would delete torch and all, then fail the same way at every run: the
+    venv is kept, and one line says what to install."""
+    root = prepared(tmp_path)
+    (root / "stand-in-python").write_text(
+        NO_ENSUREPIP_PYTHON.format(root=root, real=sys.executable))
+    site = site_packages(venv_without_pip(root / ".venv"))  # `uv venv`, torch in it
+    (site / "kept-by-the-user").write_text("")
+    debian = ensurepip(tmp_path, "import sys\nsys.exit('ensurepip is disabled in Debian/Ubuntu "
+                                 "for the system python.')\n")
+    for _ in range(2):  # and so at every run
+        done = bootstrap(root, PYTHONPATH=debian)
+        assert done.returncode != 0, done.stderr
+        assert (site / "kept-by-the-user").exists()
+        assert rebuilds(root) == 0, done.stderr
+        hint = "python{}.{}-venv".format(*sys.version_info[:2])
+        assert done.stderr.splitlines() == [
+            f"bootstrap: not rebuilding .venv (it has no pip and its Python no ensurepip "
+            f"(python3-venv missing when it was made?)): {root / 'stand-in-python'} has no "
+            f"ensurepip, so a new one would have no pip either; install {hint}, or add pip to "
+            "it: uv pip install --python .venv/bin/python pip"], done.stderr
+
+
+@pytest.mark.parametrize("raises", ["raise RuntimeError('broken')", "import not_installed_dep"])
+def test_a_venv_whose_pip_fails_to_import_says_so(tmp_path, raises):
+    """Not "no working python": its python runs, its pip is what is broken."""
+    root = prepared(tmp_path)
+    site = site_packages(venv_without_pip(root / ".venv"))
+    stub_pip(root, site)
+    (site / "pip/__init__.py").write_text(raises + "\n")
+    assert_rebuilt_once(root, "its pip fails to import (.venv/bin/python -c 'import pip' says "
+                              "why)")
+
+
+def test_a_checkout_run_through_a_symlinked_path_is_not_installed_again(tmp_path):
+    """The stamp names the checkout's physical path, as the shebangs pip writes do: switching
+    between the path and a link to it reinstalls nothing."""
+    root = prepared(tmp_path)
+    (root / "monitor/analysis/_frpickle.cpython-311-x86_64-linux-gnu.so").write_text("")
+    link = tmp_path / "linked"
+    link.symlink_to(root)
+    for via in (root, link, root, link):
+        done = bootstrap(via)
+        assert done.returncode == 0, done.stderr
     assert (root / "pip.log").read_text().count("-e .[dev]") == 1

@@ -31,11 +31,13 @@ def host(monkeypatch):
     of 127.0.0.0/8 from 127.0.0.1) and any other through its default route, sent from ``via``'s
     address of that family; a family with none: "network unreachable". An unscoped link-local
     fails with "invalid" as Linux does, a family it lacks with "not supported", an address in
-    ``fails`` with that errno."""
+    ``fails`` with that errno; a family switched off, every address of it with "cannot assign
+    requested address" (EADDRNOTAVAIL: no source address), its loopback too, as Linux does."""
     names: dict[str, list[str]] = {}
     own: set[str] = {"127.0.0.1", "::1"}
     via: dict[int, str] = {socket.AF_INET: "10.0.0.7", socket.AF_INET6: "fd00::7"}
     lacks: set[int] = set()
+    off: set[int] = set()
     fails: dict[str, int] = {}
 
     def getaddrinfo(name, port, *a, **k):
@@ -64,6 +66,8 @@ def host(monkeypatch):
             shown = f"{addr[0]}%{scope}" if scope else addr[0]
             if shown in fails:
                 raise OSError(fails[shown], os.strerror(fails[shown]))
+            if self.family in off:
+                raise OSError(errno.EADDRNOTAVAIL, os.strerror(errno.EADDRNOTAVAIL))
             ip = ipaddress.ip_address(addr[0])
             if ip.is_link_local and not scope:
                 raise OSError(errno.EINVAL, "Invalid argument")
@@ -87,9 +91,9 @@ def host(monkeypatch):
             return False
 
     def switch_off(family):
-        """disable_ipv6 on every interface: the socket is made, nothing of it is routed."""
-        own.difference_update({a for a in own if (":" in a) == (family == socket.AF_INET6)})
-        via.pop(family, None)
+        """disable_ipv6 on every interface: the socket is made, no address of it has a
+        source address."""
+        off.add(family)
 
     monkeypatch.setattr(server_module, "socket", SimpleNamespace(
         getaddrinfo=getaddrinfo, socket=Socket, SOCK_STREAM=socket.SOCK_STREAM,
@@ -103,6 +107,9 @@ def test_localhost_is_this_host_where_its_ipv6_address_is_off(host):
     host.switch_off(socket.AF_INET6)
     assert loopback_for_remote(RANK, "http://localhost:19400") is False
     assert loopback_for_remote(RANK, "http://[::1]:19400") is False
+    # a loopback name resolved, not recognised: its ::1 is skipped, 127.0.0.1 is this host
+    host.names["localhost.localdomain"] = ["::1", "127.0.0.1"]
+    assert loopback_for_remote(RANK, "http://localhost.localdomain:19400") is False
 
 
 def test_a_name_with_one_of_this_hosts_addresses_is_this_host(host):
@@ -160,6 +167,16 @@ def test_ipv6_switched_off_skips_a_names_ipv6_address(host):
     assert loopback_for_remote(RANK, "http://mon6:19400") is True
 
 
+def test_an_address_without_a_source_address_is_not_this_hosts_where_its_family_is_on(host):
+    """EADDRNOTAVAIL for one IPv6 address while ::1 is routed: IPv6 is on, that address is not
+    this host's."""
+    host.own.add("10.0.0.7")
+    host.names["mon"] = ["2001:db8::5", "172.17.0.1"]
+    host.own.add("172.17.0.1")  # docker0's, on every host
+    host.fails["2001:db8::5"] = errno.EADDRNOTAVAIL
+    assert loopback_for_remote(RANK, "http://mon:19400") is True
+
+
 def test_routing_that_fails_for_another_reason_leaves_the_registration_to_try(host):
     """EMFILE, EACCES: whether the address is this host's is not known; refusing would cost the
     registration with a monitor that may be on this host."""
@@ -196,3 +213,64 @@ def test_ipv6_off_on_loopback_only_is_not_ipv6_off(host):
     host.own.add("::1")
     del host.via[socket.AF_INET6]
     assert loopback_for_remote(RANK, "http://mon:19400") is True
+
+
+def _in_a_network_without_ipv6(probe):
+    """``probe()``'s result, run by a thread moved into a network namespace of its own (the
+    test's other threads stay in the host's) with only ``lo`` up and ``disable_ipv6=1``: what
+    a real Linux kernel answers there, not what the fake above says it does."""
+    import ctypes
+    import fcntl
+    import struct
+    import threading
+
+    done: dict = {}
+
+    def run():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(0x40000000) != 0:  # CLONE_NEWNET: this thread only
+                done["skip"] = f"unshare: {os.strerror(ctypes.get_errno())}"
+                return
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # lo up
+                ifreq = fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", b"lo", 0))  # SIOCGIFFLAGS
+                flags = struct.unpack("16sH14x", ifreq)[1] | 1  # IFF_UP
+                fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags))  # SIOCSIFFLAGS
+            # /proc/sys/net is the calling thread's namespace's
+            with open("/proc/sys/net/ipv6/conf/all/disable_ipv6", "w") as f:
+                f.write("1")
+            done["result"] = probe()
+        except BaseException as e:  # noqa: BLE001 - reported to the test's own thread
+            done["error"] = e
+
+    thread = threading.Thread(target=run, name="netns-probe")
+    thread.start()
+    thread.join(timeout=10)
+    if "skip" in done:
+        pytest.skip(done["skip"])
+    if "error" in done:
+        raise done["error"]
+    return done["result"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0
+                    or not os.path.exists("/proc/sys/net/ipv6/conf/all/disable_ipv6"),
+                    reason="needs root and a Linux kernel with IPv6 (a network namespace)")
+def test_a_real_kernel_with_ipv6_off_routes_localhost_localdomain_here(monkeypatch):
+    """Linux with disable_ipv6=1 answers a connect() to ::1 with EADDRNOTAVAIL: the ::1 of
+    ``localhost.localdomain`` is skipped, its 127.0.0.1 makes it this host."""
+    names = {"localhost.localdomain": ["::1", "127.0.0.1"],
+             "mon": ["2001:db8::5", "10.0.0.5"]}  # no route to it: another host
+
+    def getaddrinfo(name, port, *a, **k):
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, 0, 0, 0)) if ":" in ip
+                else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0)) for ip in names[name]]
+
+    monkeypatch.setattr(server_module, "socket", SimpleNamespace(
+        getaddrinfo=getaddrinfo, socket=socket.socket, SOCK_STREAM=socket.SOCK_STREAM,
+        SOCK_DGRAM=socket.SOCK_DGRAM))
+    here, there = _in_a_network_without_ipv6(lambda: (
+        loopback_for_remote(RANK, "http://localhost.localdomain:19400"),
+        loopback_for_remote(RANK, "http://mon:19400")))
+    assert here is False  # registers
+    assert there is True  # still refused

@@ -145,9 +145,10 @@ def _routed_from(family: int, addr: tuple) -> str | int:
 
 _DISCARD_PORT = 9  # any port would do: nothing is sent
 _LOOPBACK = {socket.AF_INET: ("127.0.0.1", 0), socket.AF_INET6: ("::1", 0, 0, 0)}
-_NO_FAMILY = (errno.EAFNOSUPPORT, errno.ENETUNREACH)  # unless the family's loopback is routed
-# an unreachable route, an unscoped ``fe80::`` (EINVAL), no source address for it
-_NOT_HERE = (errno.EHOSTUNREACH, errno.EINVAL, errno.EADDRNOTAVAIL)
+# unless the family's loopback is routed: with disable_ipv6 Linux answers every IPv6 address,
+# ::1 too, with EADDRNOTAVAIL (no source address), not ENETUNREACH
+_NO_FAMILY = (errno.EAFNOSUPPORT, errno.ENETUNREACH, errno.EADDRNOTAVAIL)
+_NOT_HERE = (errno.EHOSTUNREACH, errno.EINVAL)  # an unreachable route, an unscoped ``fe80::``
 
 
 def _own(routed: str, address: str) -> bool:
@@ -160,7 +161,8 @@ def _own(routed: str, address: str) -> bool:
 
 def _family_here(family: int) -> bool | None:
     """Whether this host has ``family`` on: anything of it is routed, its loopback at least.
-    False where it has none (``disable_ipv6`` on every interface); None on another error."""
+    False where it has none or has it off (``disable_ipv6``: its loopback has no source
+    address, EADDRNOTAVAIL); None on another error."""
     routed = _routed_from(family, _LOOPBACK[family]) if family in _LOOPBACK else ""
     return None if isinstance(routed, int) and routed not in _NO_FAMILY \
         else isinstance(routed, str)
