@@ -200,17 +200,22 @@ def _sigterm(*_):
     raise KeyboardInterrupt
 
 
-def _hangup(*_):
-    """SIGHUP, the terminal closed: a Ctrl-C whose output goes nowhere. Each write to a hung-up
-    terminal fails (EIO) and would cost the cleanup and the report; demo.log keeps the lines."""
+def _mute(*_):
+    """Point fds 1 and 2 at /dev/null: after a SIGHUP each write to the hung-up terminal fails
+    (EIO), or to a pipe whose reader died with it (``| tee``: EPIPE), and would cost the cleanup
+    and the report. A file is muted too: demo.log keeps the lines."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
             with contextlib.suppress(OSError):
-                if stat.S_ISCHR(os.fstat(fd).st_mode):  # a terminal (a file or pipe still works)
-                    os.dup2(devnull, fd)
+                os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def _hangup(*_):
+    """SIGHUP, the terminal closed: a Ctrl-C whose output goes nowhere."""
+    _mute()
     raise KeyboardInterrupt
 
 
@@ -303,7 +308,9 @@ def _quarantine_off(args: argparse.Namespace) -> str | None:
     """The flag that keeps the monitor from quarantining a host (None: it quarantines). The
     demo heals a network fault's host only once it is quarantined, so these runs get none."""
     return ("--no-quarantine" if args.no_quarantine
-            else "--quarantine-dry-run" if args.quarantine_dry_run else None)
+            else "--quarantine-dry-run" if args.quarantine_dry_run
+            # the monitor runs with --quarantine-dry-run then
+            else "--dry-run" if args.dry_run else None)
 
 
 def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: dict) -> int:
@@ -433,9 +440,12 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         demo.error, code, bug = f"{type(e).__name__}: {e}", 1, e
     finally:
         # a second Ctrl-C (or SIGTERM, SIGHUP) would lose the report: everything is being
-        # stopped already
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        # stopped already, and they stay ignored until the report is written (a late SIGHUP
+        # still mutes the output it would break)
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if old.get(signal.SIGHUP) == signal.SIG_IGN
+                      else _mute)
         try:
             for tr in demo.tracks:
                 tr.stop(demo.now())
@@ -451,8 +461,6 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
             inside.__exit__(None, None, None)
             if fabric:
                 fabric.close()  # after its processes: nothing is left inside
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
             os.close(lock)
     summary = write_report(demo, report_dir, final=True)
     print(summary, flush=True)
@@ -470,6 +478,8 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
     print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  timeline: "
           + (str(picture) if picture.exists() else
              f"not drawn ({report_dir / 'timeline.error.txt'})"), flush=True)
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if bug is not None:
         raise bug

@@ -101,16 +101,21 @@ def _story_ends(faults: list[dict], events: list[dict], end: float) -> list[floa
 
 
 def _attributed(ev: dict, faults: list[dict], ends: list[float],
-                repaired: dict[str, list[float]], end: float, slack_s: float = 5.0) -> bool:
-    """An eviction that follows a fault of its group: from its strike to its rejoin, else its
-    story's end (a fault never found explains no later eviction of its group), and for a
-    network fault until its host was repaired (the fault stays on the host: a group restarted
-    there, when the quarantine cap holds the host's quarantine, meets it again)."""
+                repaired: dict[str, list[float]], restarts: dict[int, list[float]], end: float,
+                slack_s: float = 5.0) -> bool:
+    """An eviction that follows a fault of its group: from its strike to the group's next
+    restart (the fault lives in its processes: a story that ended with it still there, not
+    detected or held, explains that incarnation's later eviction), else the run's end; a fault
+    that never struck until its story's end; and for a network fault until its host was
+    repaired (the fault stays on the host: a group restarted there, when the quarantine cap
+    holds the host's quarantine, meets it again)."""
     from trainer.faults import NETWORK_KINDS
 
     for f, story_end in zip(faults, ends, strict=True):
-        start = f.get("struck_at_s") or f.get("injected_at_s")
-        stop = f.get("rejoined_at_s") or story_end
+        struck = f.get("struck_at_s")
+        start = struck or f.get("injected_at_s")
+        stop = story_end if struck is None else min(
+            (t for t in restarts.get(f["replica_group"], []) if t > struck), default=end)
         if (f.get("spec") or "").split(":", 1)[0] in NETWORK_KINDS and start is not None:
             stop = max(stop, min((t for t in repaired.get(f.get("host"), []) if t >= start),
                                  default=end))
@@ -216,8 +221,12 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
         if e["kind"] == "repaired":
             repaired.setdefault(e["detail"].split(":", 1)[0].removeprefix("host "), []).append(
                 e["t"])
+    restarts: dict[int, list[float]] = {}
+    for e in rep.get("events", []):
+        if e["kind"] == "restarted" and e.get("replica_group") is not None:
+            restarts.setdefault(e["replica_group"], []).append(e["t"])
     ends = _story_ends(faults, rep.get("events", []), end)
-    false = [e for e in evictions if not _attributed(e, faults, ends, repaired, end)]
+    false = [e for e in evictions if not _attributed(e, faults, ends, repaired, restarts, end)]
     return {
         "seed": soak["seed"], "soak_s": soak["soak_s"], "training_s": round(end - start, 1)
         if rep.get("training_started_at_s") is not None else 0.0,  # stopped before it trained

@@ -8,6 +8,7 @@ and one ``sleep`` in it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -65,6 +66,98 @@ def test_a_demo_started_under_nohup_keeps_ignoring_sighup(demo_run):
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+class _HungUpDemo:
+    """A demo whose terminal closes while it starts: ``tee``, the reader of its output, dies
+    and the demo gets SIGHUP. Stopping it says nothing."""
+
+    reader: int | None = None  # the read end of the pipe on fd 1
+
+    def __init__(self, args, sc, report_dir, fabric) -> None:
+        self.tracks, self.faults, self.monitor_url, self.monitor_proc = [], [], None, None
+        self.keeping = self.interrupted = False
+        self.error = None
+
+    def start(self) -> None:
+        if self.reader is not None:
+            os.close(self.reader)  # from here a write to fd 1 fails (EPIPE)
+        signal.raise_signal(signal.SIGHUP)
+
+    def stop(self) -> None:
+        pass
+
+
+@pytest.fixture
+def piped_demo(monkeypatch, tmp_path):
+    """``demo.run`` of a ``_HungUpDemo`` (:func:`_piped_run`) as ``lightkeeper demo | tee
+    demo.out``. ``write_report`` writes report.json and calls ``during_report``; the SIGTERM
+    and SIGHUP handlers the demo started with record what reaches them (``seen``)."""
+    from lightkeeper import report
+
+    state = argparse.Namespace(seen=[], during_report=lambda: None, dir=tmp_path / "r")
+
+    def write_report(demo, report_dir, final=True):
+        state.during_report()
+        (report_dir / "report.json").write_text("{}")
+        return "the summary"
+
+    monkeypatch.setattr(demo_mod, "missing_trainer_packages", lambda: [])
+    monkeypatch.setattr(demo_mod, "acquire_lock", lambda: os.open(os.devnull, os.O_RDONLY))
+    monkeypatch.setattr(demo_mod, "Demo", _HungUpDemo)
+    monkeypatch.setattr(report, "write_report", write_report)
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    handlers = {sig: signal.signal(sig, lambda sig, _f: state.seen.append(sig))
+                for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield state
+    finally:
+        for fd, dup in saved.items():  # pytest's capture
+            os.dup2(dup, fd)
+            os.close(dup)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def _piped_run(state, monkeypatch, piped: bool = True) -> int:
+    """Run with fd 1 (and ``sys.stdout``, which pytest swaps in for each test phase) a pipe,
+    or as pytest left it."""
+    if not piped:
+        return demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir",
+                                  str(state.dir)))
+    r, w = os.pipe()
+    os.dup2(w, 1)
+    os.close(w)
+    monkeypatch.setattr(_HungUpDemo, "reader", r)
+    out = open(1, "w", closefd=False)  # noqa: SIM115 - closed below, its fd restored
+    monkeypatch.setattr("sys.stdout", out)
+    try:
+        return demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir",
+                                  str(state.dir)))
+    finally:
+        with contextlib.suppress(OSError):
+            out.close()
+
+
+def test_a_hangup_with_its_output_piped_still_writes_the_report(piped_demo, monkeypatch):
+    assert _piped_run(piped_demo, monkeypatch) == 130
+    assert (piped_demo.dir / "report.json").exists()
+    assert piped_demo.seen == []
+
+
+def test_a_signal_while_the_report_is_written_does_not_cost_the_report(piped_demo,
+                                                                       monkeypatch):
+    def signalled() -> None:  # once everything is stopped: the old handlers would end the run
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGHUP)
+
+    piped_demo.during_report = signalled
+    assert _piped_run(piped_demo, monkeypatch, piped=False) == 130
+    assert (piped_demo.dir / "report.json").exists()
+    assert piped_demo.seen == []
+    # and the handlers it started with are back once the report is out
+    signal.raise_signal(signal.SIGTERM)
+    assert piped_demo.seen == [signal.SIGTERM]
 
 
 def _dead_pid() -> int:

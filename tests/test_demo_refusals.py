@@ -67,7 +67,7 @@ def _scenario(*argv: str) -> list:
 
 
 # --- network faults need quarantine ------------------------------------------------------------
-@pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run"])
+@pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run", "--dry-run"])
 def test_without_quarantine_the_default_scenario_has_no_network_fault(cli, flag, tmp_path,
                                                                        capsys):
     assert any(p.kind == "partition" for p in _scenario("--report-dir", str(tmp_path / "a")))
@@ -77,13 +77,23 @@ def test_without_quarantine_the_default_scenario_has_no_network_fault(cli, flag,
     assert f"no network fault in the scenario: with {flag}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run"])
+@pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run", "--dry-run"])
 def test_a_network_fault_without_quarantine_is_refused(cli, flag, capsys):
     code = demo_mod.run(_args(flag, "--inject", "0:partition:at_step=20"))
     err = capsys.readouterr().err
     assert code == 2 and cli.built == 0
     assert f"partition:at_step=20 is a network fault, and with {flag} its host is never " \
            "healed" in err and "Traceback" not in err
+
+
+def test_a_dry_run_soak_has_no_network_fault(cli, tmp_path, capsys):
+    # --dry-run runs the monitor with --quarantine-dry-run: no host is ever quarantined
+    soak = ("--soak", "600", "--seed", "7")
+    assert [p for p in _scenario(*soak, "--report-dir", str(tmp_path / "a"))
+            if p.kind in NETWORK_KINDS]
+    faults = _scenario("--dry-run", *soak, "--report-dir", str(tmp_path / "b"))
+    assert faults and not [p for p in faults if p.kind in NETWORK_KINDS], faults
+    assert "no network fault in the scenario: with --dry-run" in capsys.readouterr().out
 
 
 # --- the report directory, as root -------------------------------------------------------------

@@ -244,24 +244,46 @@ def test_torchft_alone_integrates_one_pace_never_double_counting_a_stall():
     assert g["torchft_alone_steps"] == 4 * (20 + 50)
 
 
-def test_a_fault_never_found_does_not_explain_its_groups_later_evictions():
+def _false_evictions(faults, evictions, events) -> list[float]:
     samples = [{"last_step_at_s": 10.0 + t, "step": 2 * t} for t in range(0, 201)]
-    missed = _fault("slow_compute", 1, 20.0, None, None, rank=1)
-    missed.update(outcome="not detected", detected_at_s=None)
-    hang = _fault("hang", 2, 150.0, 170.0, None, rank=1)
-    rep = {"faults": [missed, hang], "duration_s": 210.0, "training_started_at_s": 10.0,
-           "healthy_step_rate": 2.0, "hosts": {},
-           "evictions": [{"replica_group": 1, "decision": "evict", "at_s": 50.0},
-                         {"replica_group": 1, "decision": "evict", "at_s": 190.0}],
-           "events": [{"t": 81.0, "kind": "outcome", "replica_group": 1,
-                       "detail": "fault 1: not detected (no finding in 60 s)"}]}
-    s = summary(rep, {"seed": 1, "soak_s": 200.0}, samples)
-    assert [e["at_s"] for e in s["false_evictions"]] == [190.0]
+    rep = {"faults": faults, "duration_s": 210.0, "training_started_at_s": 10.0,
+           "healthy_step_rate": 2.0, "hosts": {}, "events": events,
+           "evictions": [{"replica_group": g, "decision": "evict", "at_s": t}
+                         for g, t in evictions]}
+    return [e["at_s"] for e in summary(rep, {"seed": 1, "soak_s": 200.0}, samples)
+            ["false_evictions"]]
+
+
+def _not_detected(group: int, struck: float | None, told: float) -> tuple[dict, dict]:
+    f = _fault("slow_compute", group, 30.0, None, None, rank=1)
+    f.update(outcome="not detected", detected_at_s=None, struck_at_s=struck)
+    return f, {"t": told, "kind": "outcome", "replica_group": group,
+               "detail": "fault 1: not detected (no finding in 60 s)"}
+
+
+def _restarted(group: int, t: float) -> dict:
+    return {"t": t, "kind": "restarted", "replica_group": group,
+            "detail": "process exited (-15); supervisor restarted it (restart 1, warm spare)"}
+
+
+def test_a_fault_explains_its_groups_evictions_until_the_group_restarts():
+    # its story over (not detected at 90) with the fault still in group 1's processes
+    missed, told = _not_detected(1, 30.0, 90.0)
+    assert _false_evictions([missed], [(1, 120.0)], [told]) == []
+    # the group restarted at 150: an eviction of the new incarnation is no fault's
+    assert _false_evictions([missed], [(1, 120.0), (1, 180.0)],
+                            [told, _restarted(1, 150.0)]) == [180.0]
+    # a restart before the strike does not end its window; another group's is not its own
+    assert _false_evictions([missed], [(1, 120.0), (2, 120.0)],
+                            [_restarted(1, 20.0), told, _restarted(2, 100.0)]) == [120.0]
+
+
+def test_a_fault_that_never_struck_explains_nothing_after_its_story():
+    never, told = _not_detected(1, None, 90.0)  # injected at 29, never struck
+    assert _false_evictions([never], [(1, 50.0), (1, 120.0)], [told]) == [120.0]
     # without its outcome event: its story was over when the next fault was injected
-    rep["events"] = []
-    rep["evictions"][0]["at_s"] = 140.0
-    s = summary(rep, {"seed": 1, "soak_s": 200.0}, samples)
-    assert [e["at_s"] for e in s["false_evictions"]] == [190.0]
+    hang = _fault("hang", 2, 150.0, 170.0, None, rank=1)
+    assert _false_evictions([never, hang], [(1, 140.0), (1, 190.0)], []) == [190.0]
 
 
 class _Reads(Sampling):
