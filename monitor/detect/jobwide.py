@@ -27,9 +27,9 @@ LATE_SHARE = 0.5  # of the step's rise, one group's arrival lag this much: it, n
 # of the hang threshold: a job stall this far on its way starts the probe mesh, so that its
 # rounds are in when the stall confirms
 STALL_SUSPECT = 0.5
-# sweeps into the monitor's Lighthouse outage whose commits prove nothing: steps already past
-# their quorum when it went down still commit
-LH_SLACK_SWEEPS = 2
+# steps past the newest at the monitor's Lighthouse outage whose commits prove nothing: torchft
+# has one step in flight, already past its quorum, and it commits whatever the step time
+LH_STEPS_IN_FLIGHT = 1
 _NO_WAIT = (None, 0.0)
 
 
@@ -167,7 +167,7 @@ class JobWide:
         self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
         # (sweeps, quorum id, newest step) since every rank's verdict was lighthouse_unreadable
-        self._lh_out: tuple[int, int | None, int | None] | None = None
+        self._lh_out: tuple[int | None, int | None] | None = None
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
@@ -214,8 +214,8 @@ class JobWide:
         return [f for f in out if f]
 
     def _note_lighthouse(self, view: ClusterView, groups: list) -> None:
-        """Track the monitor's Lighthouse outage: its quorum and newest step, noted through its
-        first ``LH_SLACK_SWEEPS`` sweeps. A sweep with no fresh rank neither starts nor ends it."""
+        """Track the monitor's Lighthouse outage: its quorum and newest step when it began. A
+        sweep with no fresh rank neither starts nor ends it."""
         fresh = [r for gv in groups for r in gv.ranks if r.fresh]
         if not fresh:
             return
@@ -223,22 +223,20 @@ class JobWide:
                    for r in fresh):
             self._lh_out = None
             return
-        sweeps = (self._lh_out[0] if self._lh_out else 0) + 1
-        if sweeps <= LH_SLACK_SWEEPS:
+        if self._lh_out is None:
             top = max((gv.step for gv in groups if gv.step is not None), default=None)
-            self._lh_out = (sweeps, view.quorum_id, top)
-        else:
-            self._lh_out = (sweeps, *self._lh_out[1:])
+            self._lh_out = (view.quorum_id, top)
 
     def _lighthouse_blamable(self, view: ClusterView, groups: list) -> bool:
         """The monitor cannot read the Lighthouse and nothing shows the ranks can: no quorum
-        formed and no step committed since (past the slack). A commit needs a quorum, so one
-        during the outage proves the ranks reach it (the monitor's read is what fails)."""
+        formed and no step committed since beyond the one in flight. A commit needs a quorum,
+        so a later one proves the ranks reach it (the monitor's read is what fails)."""
         if self._lh_out is None:
             return False
-        _, q, top = self._lh_out
+        q, top = self._lh_out
         now = max((gv.step for gv in groups if gv.step is not None), default=None)
-        return view.quorum_id == q and (now is None or top is None or now <= top)
+        return view.quorum_id == q and (now is None or top is None
+                                        or now <= top + LH_STEPS_IN_FLIGHT)
 
     def suspected(self) -> bool:
         """A slow window seen but ``job_slow`` not yet confirmed, or a job stall past
