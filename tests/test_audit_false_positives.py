@@ -170,6 +170,30 @@ def test_a_group_joining_holds_the_others_in_either_phase_with_the_lighthouse_do
         d.mon.stop()
 
 
+def test_a_group_asking_only_since_the_lighthouse_went_holds_nobody(tmp_path, job):
+    """A group restarted during a Lighthouse outage asks for a quorum the dead Lighthouse cannot
+    give it either: it holds none of the others, whose quorum wait is the Lighthouse's."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        d.sweep(steps=0)  # the monitor notes the outage
+        d.clock.t += 55.0
+        q = job.sim.group(0)[0].state["quorum_id"]
+        for g in range(4):
+            for r in job.sim.group(g):
+                if g == 3:  # restarted 10 s ago, asking since
+                    _wait_cross(r, "quorum", 10.0, d.clock.t, quorum_id=q - 1)
+                else:
+                    _wait_cross(r, "quorum", 60.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.kind == "job_stall" and "the Lighthouse does not answer" in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
 def test_a_group_healing_from_a_peer_is_no_job_stall(tmp_path, job):
     """A restarted group heals: torchft receives the peer's checkpoint in its quorum thread, and
     its allreduce waits for that (shown blocked in the cross-group collective, its quorum not

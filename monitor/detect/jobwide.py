@@ -128,12 +128,14 @@ def _cross_wait(state: Any) -> float:
 
 
 def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | None = None,
-             any_phase: bool = False) -> bool:
+             any_phase: bool = False, outage_s: float | None = None) -> bool:
     """A group outside the newest quorum still in its own (joining, or healing) holds the others:
     recovery, no stall. Its raw wait in any phase (a synchronous quorum heals inside
     start_quorum), and only one that began with the others' (a group re-asking since before
     holds nobody); with the Lighthouse's status of that quorum, only a member of it.
-    ``any_phase``: the others' wait in their quorum call counts too (the quorum branch's)."""
+    ``any_phase``: the others' wait in their quorum call counts too (the quorum branch's);
+    ``outage_s``: how long the Lighthouse has been gone: a group asking only since then needs
+    it as much as the others do, so it holds nobody."""
     in_q = {gv.replica_group for gv in groups}
     members = lighthouse.members if lighthouse is not None and lighthouse.quorum_id is not None \
         and lighthouse.quorum_id == view.quorum_id else None
@@ -147,7 +149,8 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
         for r in gv.ranks:
             scope, waited = current_wait(r.state) if r.fresh else (None, None)
             if scope == "cross" and r.state.get("quorum_id") != view.quorum_id \
-                    and waited is not None and waited <= longest + slack:
+                    and waited is not None and waited <= longest + slack \
+                    and (outage_s is None or waited >= outage_s - slack):
                 return True
     return False
 
@@ -166,8 +169,8 @@ class JobWide:
         self._changed_at: int | None = None  # the newest step when they last changed
         self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
-        # (sweeps, quorum id, newest step) since every rank's verdict was lighthouse_unreadable
-        self._lh_out: tuple[int | None, int | None] | None = None
+        # (quorum id, newest step, when) as every rank's verdict became lighthouse_unreadable
+        self._lh_out: tuple[int | None, int | None, float] | None = None
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
@@ -189,7 +192,7 @@ class JobWide:
         # a group evicted, still of the quorum, holds the others until torchft drops it
         killed = [g for g, gv in view.groups.items() if gv.replica_id in evicted
                   and of_quorum(g)] if evicted and not blamed else []
-        self._note_lighthouse(view, groups)
+        self._note_lighthouse(view, groups, now)
         members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
@@ -213,7 +216,7 @@ class JobWide:
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
 
-    def _note_lighthouse(self, view: ClusterView, groups: list) -> None:
+    def _note_lighthouse(self, view: ClusterView, groups: list, now: float) -> None:
         """Track the monitor's Lighthouse outage: its quorum and newest step when it began. A
         sweep with no fresh rank neither starts nor ends it."""
         fresh = [r for gv in groups for r in gv.ranks if r.fresh]
@@ -225,7 +228,7 @@ class JobWide:
             return
         if self._lh_out is None:
             top = max((gv.step for gv in groups if gv.step is not None), default=None)
-            self._lh_out = (view.quorum_id, top)
+            self._lh_out = (view.quorum_id, top, now)
 
     def _lighthouse_blamable(self, view: ClusterView, groups: list) -> bool:
         """The monitor cannot read the Lighthouse and nothing shows the ranks can: no quorum
@@ -233,7 +236,7 @@ class JobWide:
         so a later one proves the ranks reach it (the monitor's read is what fails)."""
         if self._lh_out is None:
             return False
-        q, top = self._lh_out
+        q, top, _ = self._lh_out
         now = max((gv.step for gv in groups if gv.step is not None), default=None)
         return view.quorum_id == q and (now is None or top is None
                                         or now <= top + LH_STEPS_IN_FLIGHT)
@@ -282,7 +285,8 @@ class JobWide:
                       for gv in groups for r in gv.ranks if r.fresh)
         lh_blamed = lh_down and self._lighthouse_blamable(view, groups)
         if hang.stalled_sweeps < 1 or len(groups) < 2 \
-                or _joining(view, groups, lighthouse, any_phase=lh_blamed):
+                or _joining(view, groups, lighthouse, any_phase=lh_blamed,
+                            outage_s=now - self._lh_out[2] if lh_blamed else None):
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
         shape = _stall_shape(groups, waits) if stalled else None
