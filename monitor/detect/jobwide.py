@@ -237,9 +237,9 @@ class JobWide:
         if self._lh_out is None:
             return False
         q, top, _ = self._lh_out
-        now = max((gv.step for gv in groups if gv.step is not None), default=None)
-        return view.quorum_id == q and (now is None or top is None
-                                        or now <= top + LH_STEPS_IN_FLIGHT)
+        newest = max((gv.step for gv in groups if gv.step is not None), default=None)
+        return view.quorum_id == q and (newest is None or top is None
+                                        or newest <= top + LH_STEPS_IN_FLIGHT)
 
     def suspected(self) -> bool:
         """A slow window seen but ``job_slow`` not yet confirmed, or a job stall past
