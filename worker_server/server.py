@@ -403,6 +403,8 @@ class WorkerServer:
                         continue
                     r = requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
                                       headers=headers, timeout=2)
+                    if self._stop.is_set():  # stopped meanwhile: nothing left to say
+                        return
                     if r.status_code != 200 and r.status_code != said:
                         # 401 (token), 403 (address not allowed), 409 (another job), 429
                         # (monitor full): the operator has to act; not monitored until then.
@@ -413,6 +415,8 @@ class WorkerServer:
                         say(f"registered with monitor {shown}")
                     said = None if r.status_code == 200 else r.status_code
                 except requests.RequestException as e:
+                    if self._stop.is_set():
+                        return
                     if said != "unreachable":  # once: a typo in the URL leaves it unmonitored
                         why = failure_reason(e) or type(e).__name__
                         say(f"cannot register with monitor {shown} ({why}); this rank is not "
@@ -475,8 +479,14 @@ class WorkerServer:
         return True
 
     def stop(self) -> None:
+        """Stop serving and registering. Waits up to 1 s for a registration in flight, so
+        that it says nothing after the caller stopped the server (a slow monitor is left to
+        the daemon thread's request timeout)."""
         self._stop.set()
         with _SERVING_LOCK:
             _SERVING.pop(self, None)
         self.state.set_phase("stopped")
         self._http.stop()
+        thread = self._register_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
