@@ -298,7 +298,7 @@ class Monitor:
         else:
             self._judge_hosts(view, new, now)
             self.enforcer.decide(view, evidence, now)
-        standby = self.enforcer.standby
+        standby = self.shard is not None and self.shard.holds is False
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
         self.enforcer.bundle_confirmed(view, evidence, new)
         self.enforcer.confirm_evictions(view, evidence, now, self.lighthouse_status)
@@ -332,8 +332,9 @@ class Monitor:
     def _judge_hosts(self, view: ClusterView, new: list, now: float) -> None:
         """The host ledger's offences, policy and sinks, on a standby too: its ledger shadows the
         holder's, so a handover never leaves a quarantine nobody releases (the sinks' actions are
-        idempotent). A standby sends no abort or exit and fetches no bundle (docs/monitor.md)."""
-        self.enforcer.standby = self.shard is not None and self.shard.holds is False
+        idempotent). A standby, or a holder whose lease may have lapsed, sends no abort or exit
+        and fetches no bundle (docs/monitor.md)."""
+        self.enforcer.standby = self.shard is not None and not self.shard.acting()
         self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
 
     def _forget_unreachable(self, view: ClusterView, now: float) -> int:

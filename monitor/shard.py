@@ -82,6 +82,10 @@ class Shards:
         # started with the same --shard holds it, this one stands by: no report, no proposals
         self.holds: bool | None = None
         self.held_by: dict[str, Any] | None = None
+        # when this run's hold ends unless renewed (monotonic): the lease's TTL counted from
+        # before the last renewal that answered, so etcd cannot have let it go sooner
+        self._holds_until = float("-inf")
+        self._lapse_said = False
         self.error: str | None = None
         self._retry_at = float("-inf")  # etcd failed: asked again from then (monotonic)
         self.sent_kills: set[str] = set()  # the job's kills the leader sent, any slice's
@@ -151,6 +155,7 @@ class Shards:
             return
         mon = self.mon
         try:
+            asked_at = time.monotonic()
             lease = self.session.refresh()
             # before the report: a leader that sees this run's report sees its proposals
             records = _by_rid(self.etcd, self.root + "evictions/")
@@ -159,7 +164,7 @@ class Shards:
             records_rev = max((kv.mod_revision for kv in records.values()), default=0)
             self.sent_kills = {rid for rid, kv in records.items()
                                if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
-            if self.holds:
+            if self.acting():
                 self._propose_findings(view, evidence, now, records)
             self._mirror_evictions(records)
             blind = blind_reason(mon.blind_reason(), evidence.reachable_fraction
@@ -172,7 +177,7 @@ class Shards:
                 "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()},
                 # what its ranks answer as: another shard tells a group gone by it
                 "reporting": sorted({rid for gv in view.groups.values()
-                                     for rid in gv.reported_replica_ids if rid})})
+                                     for rid in gv.reported_replica_ids if rid})}, asked_at)
             if self.error:
                 log.warning("etcd answers again: shard %s reports and proposes", self.cfg.index)
             self.error = None
@@ -184,6 +189,23 @@ class Shards:
         m = mon.metrics
         m.shard_etcd_up.labels(m.job, "shard").set(0 if self.error else 1)
         m.shard_standby.labels(m.job).set(1 if self.holds is False else 0)
+
+    def acting(self) -> bool:
+        """Whether this run may act for its slice (abort, tell orphans to exit, fetch bundles,
+        propose): it holds the slice's key and its lease cannot have lapsed. Not known yet (etcd
+        never answered) or lapsed (etcd unreachable past the TTL, so another monitor may hold the
+        slice now): it acts on nothing until etcd answers again."""
+        if not self.holds:
+            return False
+        if time.monotonic() < self._holds_until:
+            self._lapse_said = False
+            return True
+        if not self._lapse_said:
+            log.warning("shard %s/%s: its lease may have lapsed (etcd unreachable for %d s): "
+                        "acting on nothing until etcd answers", self.cfg.index, self.cfg.shards,
+                        self.session.granted_ttl)
+            self._lapse_said = True
+        return False
 
     def _back_off(self, e: EtcdError) -> None:
         """A hung etcd costs each call its timeout: asked a third of the TTL later, not every
@@ -214,10 +236,10 @@ class Shards:
             ids.update(x for x in r["reporting"] if isinstance(x, str))
         return ids, set(range(self.cfg.shards)) - {self.cfg.index} <= seen
 
-    def _report(self, lease: int, report: dict[str, Any]) -> None:
+    def _report(self, lease: int, report: dict[str, Any], asked_at: float) -> None:
         """Write this shard's report where the key is free or already this run's; held by another
         run (a second monitor with the same --shard, a SIGKILLed predecessor), stand by until
-        that lease ends (said once)."""
+        that lease ends (said once). ``asked_at``: when the lease was last renewed (monotonic)."""
         key = f"{self.root}shards/{self.cfg.index}"
         did = self.etcd.put_if([leased_by(key, lease)], key, report, lease)[0] \
             or self.etcd.put_if([created_never(key)], key, report, lease)[0]
@@ -227,6 +249,7 @@ class Shards:
                 log.warning("%s: the other monitor's lease ended: this one reports and "
                             "proposes", where)
             self.holds, self.held_by = True, None
+            self._holds_until = asked_at + self.session.granted_ttl
             return
         kv = self.etcd.get(key)
         other = kv.json() if kv is not None else None
@@ -419,6 +442,7 @@ class Shards:
         return {"index": self.cfg.index, "shards": self.cfg.shards, "lead": self.cfg.lead,
                 "etcd": redact_url(self.cfg.etcd), "prefix": self.root, "error": self.error,
                 "standby": self.holds is False, "held_by": self.held_by,
+                "acting": self.acting(),
                 "proposals_made": self.proposals_made,
                 "owned_groups": sorted({g for g, _ in self._groups.values() if self.owns(g)}),
                 "leading": bool(e and e.leading), "leader": e.leader if e else None,

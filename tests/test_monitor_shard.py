@@ -412,6 +412,46 @@ def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
         stop_process(etcd_proc, grace=2.0)
 
 
+def test_a_holder_cut_off_from_etcd_past_its_lease_acts_on_nothing_until_etcd_answers(
+        tmp_path, caplog):
+    """etcd stops answering the shard holding slice 0: once its lease may have lapsed (another
+    monitor may hold the slice by then) it says so once and acts on nothing (no abort, no exit,
+    no bundle, no proposal); etcd back, it holds and acts again."""
+    import logging
+
+    from tests.support.monitor_sim import SimJob
+
+    caplog.set_level(logging.WARNING, logger="monitor.shard")
+    data, client, peer = tmp_path / "etcd", free_port(), free_port()
+    data.mkdir()
+    url = f"http://127.0.0.1:{client}"
+    etcd_proc = start_etcd(data, client, peer)
+    job = SimJob(4, ranks_per_group=2)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    mon = None
+
+    def shard() -> dict:
+        return mon.cluster_json()["shard"]
+
+    try:
+        mon = _shard0(tmp_path, job, url, prefix)
+        wait_until(lambda: shard()["acting"], 20, what="the shard holding its slice")
+        stop_process(etcd_proc, grace=5.0)
+        wait_until(lambda: not shard()["acting"], 20, what="the holder standing down")
+        assert shard()["error"] and not shard()["standby"]  # not another's: its own lease
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 5, 10, what="more sweeps without etcd")
+        lapsed = [r.getMessage() for r in caplog.records if "may have lapsed" in r.getMessage()]
+        assert len(lapsed) == 1, lapsed
+        etcd_proc = start_etcd(data, client, peer)
+        wait_until(lambda: shard()["acting"], 20, what="the shard acting again")
+    finally:
+        if mon is not None:
+            mon.stop()
+        job.stop()
+        stop_process(etcd_proc, grace=2.0)
+
+
 def _etcd_txns(etcd_url: str) -> int:
     """Transactions etcd has served (its own /metrics)."""
     text = requests.get(etcd_url + "/metrics", timeout=5).text

@@ -114,6 +114,9 @@ class StandbyShard:
     def reported_elsewhere(self):
         return set(), False
 
+    def acting(self):
+        return self.holds
+
     def to_json(self):
         return {"standby": not self.holds}
 

@@ -20,7 +20,7 @@ import pytest
 import monitor.service
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.lease import SessionLease
+from monitor.lease import EtcdError, SessionLease
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks
 from tests.test_hosts import RecordingSink
@@ -154,3 +154,55 @@ def test_the_standby_tells_no_survivor_to_abort(pair):
     _sweep(holder, standby, times=2)
     assert [len(r.aborts) for g in (0, 1, 2) for r in sim.group(g)] == [1] * 6
     assert [d["decision"] for d in standby.store.decisions()] == []
+
+
+class _Away:
+    """An etcd that does not answer (every call raises), in place of ``MemEtcd``."""
+
+    def __getattr__(self, name):
+        def away(*args, **kwargs):
+            raise EtcdError("etcd unreachable: ConnectionError")
+        return away
+
+
+def test_a_holder_whose_lease_may_have_lapsed_tells_no_survivor_to_abort(tmp_path, monkeypatch):
+    """The holder loses etcd; once its lease may have lapsed (another monitor may hold the
+    slice by then) it tells no survivor to abort; etcd back, it holds again and tells each once."""
+    sink = RecordingSink()
+    monkeypatch.setattr(monitor.service, "build_sinks", lambda cfg: [sink])
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    sim.probe_token = EXIT_TOKEN
+    etcd, reader = MemEtcd(), _Reader()
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "holder.sqlite"), targets=sim.urls, job="sim",
+        lighthouse="http://127.0.0.1:1", rank_exit_token=EXIT_TOKEN,
+        bundles=BundleConfig(enabled=False), detectors=DetectorConfig(dead_sweeps=2),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0),
+        shard=ShardConfig(shards=1, index=0, etcd="http://127.0.0.1:1", etcd_prefix=PREFIX,
+                          lease_ttl_s=2)))
+    try:
+        mon.lighthouse_reader.close()
+        mon.lighthouse_reader = reader
+        mon.shard.etcd.close()
+        mon.shard.etcd, mon.shard.session = etcd, SessionLease(etcd, 2)
+        mon.sweep_once()
+        assert mon.cluster_json()["shard"]["acting"] is True
+        mon.shard.etcd = mon.shard.session.etcd = _Away()
+        _until(lambda: not mon.cluster_json()["shard"]["acting"], "the lease to lapse")
+        for r in sim.group(3):
+            r.set_mode("down")
+        for g in (0, 1, 2):
+            for r in sim.group(g):
+                r.update(phase="allreduce", timing={"waiting": {"scope": "cross", "seconds": 5.0}})
+        st = reader.status
+        reader.status = LighthouseStatus(st.quorum_id, st.members, {
+            rid: s for rid, s in st.heartbeats.items() if rid != "replica_group_3:sim"})
+        _sweep(mon, times=3)
+        assert [len(r.aborts) for g in (0, 1, 2) for r in sim.group(g)] == [0] * 6
+        mon.shard.etcd = mon.shard.session.etcd = etcd
+        _sweep(mon, times=2)
+        assert mon.cluster_json()["shard"]["acting"] is True
+        assert [len(r.aborts) for g in (0, 1, 2) for r in sim.group(g)] == [1] * 6
+    finally:
+        mon.stop()
+        sim.stop()
