@@ -24,6 +24,7 @@ from http_serving import BackgroundWSGIServer, http_url, redact_entry, redact_ur
 from .act.actions import Lighthouse
 from .act.bundles import Bundles
 from .act.enforcer import Enforcer
+from .act.host_actions import monitor_identity
 from .act.hosts import HostLedger
 from .api import views
 from .api.app import create_app
@@ -146,6 +147,9 @@ class Monitor:
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
         self.hosts = HostLedger(self.store, cfg.quarantine, build_sinks(cfg), cfg.job, clock)
+        self.hosts.sender = monitor_identity(
+            cfg.state_path, None if cfg.shard is None or cfg.shard.index is None
+            else f"{cfg.shard.index}/{cfg.shard.shards}")
         self.bundles = Bundles(cfg, self.store, clock, lambda: self.torch_ranks.dumps)
         self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,
                                  self.lh_settings, self.metrics, self.blind_reason, clock,

@@ -119,6 +119,9 @@ def test_the_standby_shadows_the_holders_quarantine_so_a_handover_leaks_none(pai
         assert _host(mon, "h5")["state"] == "quarantined"
     _until(lambda: len(sink.calls) >= 2, "both monitors' quarantine actions")
     assert {(c["event"], c["host"]) for c in sink.calls} == {("quarantine", "h5")}, sink.calls
+    # each monitor numbers its own actions: a receiver tells the two apart by monitor.id
+    senders = {(c["monitor"]["id"], c["monitor"]["shard"]) for c in sink.calls}
+    assert len(senders) == 2 and {shard for _, shard in senders} == {"0/1"}, senders
 
 
 def test_the_standby_tells_no_orphan_of_a_leader_kill_to_exit(pair):

@@ -5,10 +5,14 @@ docs/quarantine.md.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 import shlex
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,6 +85,16 @@ def rename_old_sinks(store: Store, keep: Iterable[str], hosts: dict[str, dict[st
                         for s, a in (acts or {}).items()}
         if h.get("last_action"):
             h["last_action"]["sink"] = new(h["last_action"].get("sink") or "")
+
+
+def monitor_identity(state_path: str, shard: str | None) -> dict[str, Any]:
+    """Who sends a sink's events: action ids are numbered per state file, and a slice's holder
+    and its standby both send theirs, so a receiver tells them apart by ``id`` (this host and
+    state file; a fresh one per run without a file)."""
+    host = socket.gethostname()
+    where = uuid.uuid4().hex if state_path == ":memory:" else os.path.abspath(state_path)
+    digest = hashlib.sha256(f"{host}\0{where}".encode()).hexdigest()[:16]
+    return {"id": digest, "host": host, "shard": shard}
 
 
 class HostActions:
@@ -258,7 +272,7 @@ class HostActions:
             return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
         try:
             return getattr(sink, a["op"])({**a["event"], "action_id": a["id"],
-                                           "attempt": attempts})
+                                           "attempt": attempts, "monitor": self.sender})
         except Exception as e:  # a sink bug is a failed attempt, never a crash
             log.exception("sink %s failed", a["sink"])
             return ActionResult(False, f"{type(e).__name__}: {e}")

@@ -68,6 +68,7 @@ class HostLedger(HostActions):
         self.sinks = list(sinks)
         self.job = job
         self.clock = clock
+        self.sender: dict[str, Any] | None = None  # monitor_identity(): in every sink event
         self._lock = threading.RLock()
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
         self._load_actions()
