@@ -438,11 +438,14 @@ def test_k8s_quarantine_exact_requests(kube):
 
     rx.requests.clear()
     assert sink.release({**EVENT, "event": "release"}).ok
-    body = json.loads(rx.requests[1]["body"])
+    assert [(r["method"], r["path"]) for r in rx.requests] == [  # the taint last: see release
+        ("GET", "/api/v1/nodes/node-1"), ("PATCH", "/api/v1/nodes/node-1/status"),
+        ("PATCH", "/api/v1/nodes/node-1")]
+    body = json.loads(rx.requests[2]["body"])
     assert body["spec"] == {"unschedulable": False,
                             "taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]}
     assert body["metadata"]["annotations"] == {"lightkeeper.io/cordoned": None}
-    (cond,) = json.loads(rx.requests[2]["body"])["status"]["conditions"]
+    (cond,) = json.loads(rx.requests[1]["body"])["status"]["conditions"]
     assert (cond["status"], cond["reason"]) == ("False", "Released")
 
 

@@ -4,7 +4,8 @@ pod of the job is left alone: the node is what a rank claims.
 
 Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration; RBAC in
 ``deploy/kubernetes/quarantine/``. Each step is idempotent, the first failure ends the attempt;
-release uncordons only a node the quarantine cordoned. 400, 401, 403, 404 and 422 are not retried.
+release acts only on a node with the job's taint and uncordons only a node the quarantine
+cordoned. 400, 401, 403, 404 and 422 are not retried.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from .base import ActionResult, SinkConfigError, one_node
 
-TAINT_KEY = "lightkeeper.io/quarantined"  # an older version's: no job's, lifted by any release
+TAINT_KEY = "lightkeeper.io/quarantined"  # an older version's names no job: no release lifts it
 CORDONED = "lightkeeper.io/cordoned"  # annotation: the cordon is ours to undo
 CONDITION = "LightkeeperQuarantined"
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
@@ -89,7 +90,7 @@ class KubernetesSink:
             if not self._job_pods(node, job):
                 return ActionResult(False, f"node {node} runs no pod of job {job or '?'}: "
                                     "claim not verified", retry=False)
-            self._patch_node(node, taint_key(job), taint_value(kind))
+            self._patch_node(node, self._get_node(node), taint_key(job), taint_value(kind))
             done.append("cordoned and tainted")
             self._set_condition(node, True, _reason(kind), str(event.get("reason") or kind))
             done.append(f"condition {CONDITION}=True")
@@ -105,39 +106,49 @@ class KubernetesSink:
             node = one_node(event)  # a name with a '/' would patch another path
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
+        key = taint_key(str(event.get("job") or ""))
         done: list[str] = []
         try:
             try:
-                others = self._patch_node(node, taint_key(str(event.get("job") or "")), None)
+                obj = self._get_node(node)
             except Exception as e:
                 if _status(e) == 404:  # the node is gone (replaced): nothing left to release
                     return ActionResult(True, f"node {node}: gone, nothing to release")
                 raise
-            done.append("taint removed")
-            if others:  # another job's quarantine of the node stays: cordon and condition too
-                done.append(f"still quarantined by {', '.join(others)}")
-            else:
+            # the job's taint is its only mark (the cordon and the condition are every job's):
+            # without it the quarantine never happened (a claim not verified: maybe another
+            # team's node) or this release is done, and nothing on the node is this job's
+            if key not in (t.get("key") for t in _taints(obj)):
+                return ActionResult(True, f"node {node}: no {key} taint, nothing to release")
+            others = [k for k in _quarantine_keys(obj) if k != key]
+            if others:  # another quarantine of the node stays: cordon and condition too
+                self._patch_node(node, obj, key, None)
+                done.append(f"taint removed; still quarantined by {', '.join(others)}")
+            else:  # the condition before the taint: a retry after a failure finds the taint
                 self._set_condition(node, False, "Released",
                                     str(event.get("reason") or "released"))
                 done.append(f"condition {CONDITION}=False")
+                self._patch_node(node, obj, key, None)
+                done.append("taint removed")
         except Exception as e:
             return self._failure(node, done, e)
         return ActionResult(True, f"node {node}: " + "; ".join(done))
 
-    def _patch_node(self, node: str, key: str, taint: str | None) -> list[str]:
-        """Set (``taint``) or remove (None) the job's taint ``key``, cordon or uncordon; returns
-        the other jobs' quarantine taints left on the node."""
+    def _get_node(self, node: str) -> Any:
+        from lightkube.resources.core_v1 import Node
+
+        return self.client.get(Node, node)
+
+    def _patch_node(self, node: str, obj: Any, key: str, taint: str | None) -> None:
+        """Set (``taint``) or remove (None) the job's taint ``key`` on ``obj``, the node as read,
+        and cordon, or uncordon once no quarantine taint is left."""
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
 
-        obj = self.client.get(Node, node)
-        current = [t.to_dict() if hasattr(t, "to_dict") else dict(t)
-                   for t in (obj.spec.taints or [])] if obj.spec else []
-        taints = [t for t in current if t.get("key") not in (key, TAINT_KEY)]
-        others = [t["key"] for t in taints if str(t.get("key")).startswith(TAINT_KEY)]
+        taints = [t for t in _taints(obj) if t.get("key") != key]
         if taint is not None:
             taints.append({"key": key, "value": taint, "effect": "NoSchedule"})
-        cordon = taint is not None or bool(others)
+        cordon = any(str(t.get("key")).startswith(TAINT_KEY) for t in taints)
         spec: dict[str, Any] = {"taints": taints}
         meta: dict[str, Any] = {"resourceVersion": obj.metadata.resourceVersion}
         # only undo our own cordon: one an operator made before stays
@@ -147,7 +158,6 @@ class KubernetesSink:
             spec["unschedulable"], meta["annotations"] = False, {CORDONED: None}
         body = {"metadata": meta, "spec": spec}
         self.client.patch(Node, node, body, patch_type=PatchType.STRATEGIC)
-        return others
 
     def _set_condition(self, node: str, on: bool, reason: str, message: str) -> None:
         from lightkube.resources.core_v1 import Node
@@ -186,6 +196,16 @@ class KubernetesSink:
         what = f"HTTP {code}: {e}" if code else f"{type(e).__name__}: {e}"
         prefix = f"node {node}: " + ("; ".join(done) + "; then " if done else "")
         return ActionResult(False, prefix + what, retry=code not in (400, 401, 403, 404, 422))
+
+
+def _taints(obj: Any) -> list[dict[str, Any]]:
+    return [t.to_dict() if hasattr(t, "to_dict") else dict(t)
+            for t in (obj.spec.taints or [])] if obj.spec else []
+
+
+def _quarantine_keys(obj: Any) -> list[str]:
+    """The node's quarantine taints, every job's and an older version's."""
+    return [k for k in (str(t.get("key")) for t in _taints(obj)) if k.startswith(TAINT_KEY)]
 
 
 def _reason(kind: str) -> str:
