@@ -76,7 +76,8 @@ def test_groups_waiting_for_their_quorum_with_the_lighthouse_readable_are_no_job
 
 def test_groups_stepping_with_the_lighthouse_down_are_no_job_stall(tmp_path, job):
     """Steps move while each sweep finds every rank in a long quorum wait (the Lighthouse out of
-    the monitor's reach only): no stall."""
+    the monitor's reach only), then stop with every rank still waiting past the hang threshold:
+    the steps committed since the outage show the ranks reach the Lighthouse, so no stall."""
     clock = Clock()
     d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
     try:
@@ -88,7 +89,13 @@ def test_groups_stepping_with_the_lighthouse_down_are_no_job_stall(tmp_path, job
             _wait_for_quorum(job, 4.0, d.clock.t)
             d.mon.sweep_once()
             assert d.mon.last_sweep_error is None and d.mon.detectors.last_error is None
+        for _ in range(3):  # no step now: stalled long enough for a job_stall but for the rule
+            d.clock.t += 1.0
+            _wait_for_quorum(job, 4.0, d.clock.t)
+            d.mon.sweep_once()
+            assert d.mon.last_sweep_error is None and d.mon.detectors.last_error is None
         assert d.open_kinds() == []
+        assert not d.mon.detectors.probes_wanted()
     finally:
         d.mon.stop()
 
@@ -136,6 +143,94 @@ def test_a_step_already_past_its_quorum_when_the_lighthouse_went_down_proves_not
         d.sweeps(2, steps=0)
         (f,) = d.mon.detectors.job_findings()
         assert f.kind == "job_stall" and "the Lighthouse does not answer" in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
+@pytest.mark.parametrize("phase", ["quorum", "allreduce"])
+def test_the_quorum_of_the_step_in_flight_reported_after_the_outage_began_proves_nothing(
+        tmp_path, job, phase):
+    """The step in flight got its quorum before the Lighthouse went down, but the ranks report
+    its new quorum id only after the monitor noticed the outage: that quorum formed before, so
+    the stall that follows is still the Lighthouse's."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        q = job.sim.group(0)[0].state["quorum_id"]
+        job.front_down()
+        d.sweep(steps=0)  # the monitor notes the outage at quorum q
+        for r in job.sim.ranks:
+            r.update(quorum_id=q + 1)
+        d.sweep(steps=1)  # the step in flight commits
+        if phase == "quorum":
+            _wait_for_quorum(job, 4.0, d.clock.t)
+        else:
+            d.train.stall(4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.kind == "job_stall" and f.evidence["quorum_id"] == q + 1
+        assert "the Lighthouse does not answer the monitor either" in f.evidence["summary"]
+        assert "network fault" not in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
+def test_a_second_quorum_during_the_outage_shows_the_ranks_reach_the_lighthouse(tmp_path, job):
+    """A quorum beyond the one of the step in flight formed during the monitor's outage: the
+    ranks reach the Lighthouse, so a stall in the collective names the network, and says why."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        q = job.sim.group(0)[0].state["quorum_id"]
+        job.front_down()
+        d.sweep(steps=0)
+        for r in job.sim.ranks:
+            r.update(quorum_id=q + 1)
+        d.sweep(steps=1)
+        for r in job.sim.ranks:
+            r.update(quorum_id=q + 2)
+        d.train.stall(4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.kind == "job_stall" and f.evidence["lighthouse_unreadable"] is True
+        assert "network fault" in f.evidence["summary"]
+        assert "a new quorum formed since: the ranks reach it" in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
+def test_a_stall_that_named_the_lighthouse_keeps_it_until_a_step_commits(tmp_path, job):
+    """The Lighthouse answers the monitor again while every rank still waits for the quorum it
+    has not re-formed yet: the same stall, still the Lighthouse's, open and then resolved."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+
+    def named(f) -> bool:
+        return (f.evidence["lighthouse_unreadable"] is True
+                and "the ranks may be waiting for their quorum" in f.evidence["summary"]
+                and "network fault" not in f.evidence["summary"])
+
+    try:
+        d.sweeps(4)
+        job.front_down()
+        d.sweep(steps=0)
+        d.train.stall(4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert named(f)
+        job.front_up()
+        d.train.stall(6.0, d.clock.t)
+        d.sweep(steps=0)
+        assert all(r.verdict[1] != "lighthouse_unreadable"
+                   for r in d.mon.view.evidence().ranks.values())  # read again
+        (f,) = d.mon.detectors.job_findings()
+        assert named(f)
+        d.sweep(steps=1)
+        assert d.mon.detectors.job_findings() == []
+        (done,) = [f for f in d.mon.detectors.resolved_findings() if f.kind == "job_stall"]
+        assert done.resolution == "progress" and named(done)
     finally:
         d.mon.stop()
 
@@ -209,6 +304,30 @@ def test_a_group_healing_from_a_peer_is_no_job_stall(tmp_path, job):
         d.sweeps(3, steps=0)
         assert d.open_kinds() == []
         assert d.mon.store.decisions() == []
+    finally:
+        d.mon.stop()
+
+
+def test_a_group_restarted_and_healing_while_only_the_monitor_lost_the_lighthouse_is_no_stall(
+        tmp_path, job):
+    """Only the monitor cannot read the Lighthouse (steps commit); a group restarts at the same
+    addresses (a new process) and heals while the others wait for it in the all_reduce. The new
+    process cannot be verified, so it is no evidence, but it holds the others all the same:
+    recovery, no job_stall sending the operator to the network."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        d.sweeps(4)  # steps commit: the ranks reach the Lighthouse
+        d.train.stall(4.0, d.clock.t)
+        for r in job.sim.group(3):  # restarted, healing: its quorum not known yet
+            r.update(quorum_id=-1, step=0, pid=r.state["pid"] + 5000,
+                     started_at=d.clock.t - 5)
+        d.sweeps(3, steps=0)
+        assert 3 not in d.mon.view.evidence().groups  # the new process is no evidence
+        assert d.open_kinds() == []
+        assert not d.mon.detectors.probes_wanted()
     finally:
         d.mon.stop()
 

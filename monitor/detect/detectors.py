@@ -204,7 +204,7 @@ class Detectors:
                 full, now, self._starting_urls(full), self._groups, view, lighthouse)),
             # after the per-group detectors: a group they name explains the job
             ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted,
-                                               lighthouse, cut_off)))
+                                               lighthouse, cut_off, full)))
         new = [f for name, step in steps for f in self._guarded(name, step)]
         self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps, cut_off)
         self._note_commit_failures(view)

@@ -37,6 +37,17 @@ def _hosts(groups: list) -> list[str]:
     return sorted({h for gv in groups for h in gv.hosts})
 
 
+def _own_reports(groups: list) -> tuple[int, int] | None:
+    """(newest step, newest quorum id) the reachable ranks report themselves; None when none
+    does: a rank on torch's debug server alone shows the Lighthouse's, as of its last read, so
+    frozen while the monitor cannot read it."""
+    own = [r.state for gv in groups for r in gv.reachable
+           if r.state and "torch_only" not in r.state]
+    if not own:
+        return None
+    return max(int(s["step"]) for s in own), max(int(s["quorum_id"]) for s in own)
+
+
 def _host_clock_gpus(groups: list) -> list[int]:
     """CUDA ranks that time their waits on the host clock, where a GPU slow on the GPU waits
     like its peers (docs/gpu.md, 7): a job_slow may then be one of them."""
@@ -128,14 +139,18 @@ def _cross_wait(state: Any) -> float:
 
 
 def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | None = None,
-             any_phase: bool = False, outage_s: float | None = None) -> bool:
+             any_phase: bool = False, outage_s: float | None = None,
+             full: ClusterView | None = None) -> bool:
     """A group outside the newest quorum still in its own (joining, or healing) holds the others:
     recovery, no stall. Its raw wait in any phase (a synchronous quorum heals inside
     start_quorum), and only one that began with the others' (a group re-asking since before
     holds nobody); with the Lighthouse's status of that quorum, only a member of it.
     ``any_phase``: the others' wait in their quorum call counts too (the quorum branch's);
     ``outage_s``: how long the Lighthouse has been gone: a group asking only since then needs
-    it as much as the others do, so it holds nobody."""
+    it as much as the others do, so it holds nobody. Joiners are looked for in ``full`` (every
+    rank polled): a group restarted while the monitor cannot read the Lighthouse is no evidence
+    until it can, yet it holds the others all the same (it only holds back a report-only
+    finding, so an unverified rank acts on nothing)."""
     in_q = {gv.replica_group for gv in groups}
     members = lighthouse.members if lighthouse is not None and lighthouse.quorum_id is not None \
         and lighthouse.quorum_id == view.quorum_id else None
@@ -143,7 +158,7 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
     longest = max((wait_of(r.state) for gv in groups for r in gv.ranks if r.fresh),
                   default=0.0)
     slack = max(JOIN_SLACK_S, 3 * (view.median_step_seconds() or 0.0))
-    for gv in view.groups.values():
+    for gv in (full or view).groups.values():
         if gv.replica_group in in_q or (members is not None and gv.replica_id not in members):
             continue
         for r in gv.ranks:
@@ -169,13 +184,16 @@ class JobWide:
         self._changed_at: int | None = None  # the newest step when they last changed
         self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
-        # (quorum id, newest step, when) as every rank's verdict became lighthouse_unreadable
-        self._lh_out: tuple[int | None, int | None, float] | None = None
+        # (quorum id, newest step, when, re-based) as every rank's verdict became
+        # lighthouse_unreadable; the quorum id and step those ranks report themselves
+        self._lh_out: tuple[int | None, int | None, float, bool] | None = None
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
-              lighthouse: LighthouseStatus | None = None, blind: bool = False) -> list[Finding]:
-        """``blind``: the monitor may be the one cut off: the groups it misses have not left."""
+              lighthouse: LighthouseStatus | None = None, blind: bool = False,
+              full: ClusterView | None = None) -> list[Finding]:
+        """``blind``: the monitor may be the one cut off: the groups it misses have not left;
+        ``full``: every rank polled (``view``: the evidence ranks)."""
         groups = view.in_quorum()
         in_q = {gv.replica_group for gv in groups}
         q = view.quorum_id
@@ -192,7 +210,7 @@ class JobWide:
         # a group evicted, still of the quorum, holds the others until torchft drops it
         killed = [g for g, gv in view.groups.items() if gv.replica_id in evicted
                   and of_quorum(g)] if evicted and not blamed else []
-        self._note_lighthouse(view, groups, now)
+        self._note_lighthouse(groups, now)
         members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
@@ -212,13 +230,13 @@ class JobWide:
                                             JOB_KINDS)
             return []
         self._shrunk = 0
-        out = [self.stall(view, groups, now, hang, blamed or killed, lighthouse, blind),
+        out = [self.stall(view, groups, now, hang, blamed or killed, lighthouse, blind, full),
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
 
-    def _note_lighthouse(self, view: ClusterView, groups: list, now: float) -> None:
-        """Track the monitor's Lighthouse outage: its quorum and newest step when it began. A
-        sweep with no fresh rank neither starts nor ends it."""
+    def _note_lighthouse(self, groups: list, now: float) -> None:
+        """Track the monitor's Lighthouse outage: the quorum and newest step the ranks report
+        themselves when it began. A sweep with no fresh rank neither starts nor ends it."""
         fresh = [r for gv in groups for r in gv.ranks if r.fresh]
         if not fresh:
             return
@@ -226,20 +244,32 @@ class JobWide:
                    for r in fresh):
             self._lh_out = None
             return
+        top, q = _own_reports(groups) or (None, None)
         if self._lh_out is None:
-            top = max((gv.step for gv in groups if gv.step is not None), default=None)
-            self._lh_out = (view.quorum_id, top, now)
+            self._lh_out = (q, top, now, False)
+            return
+        q0, top0, since, rebased = self._lh_out
+        # the step in flight got its quorum before the outage, and it may be reported only
+        # after the monitor noticed it: one newer quorum id before a step past that one is it
+        if not rebased and None not in (q, q0, top, top0) and q > q0 \
+                and top <= top0 + LH_STEPS_IN_FLIGHT:
+            self._lh_out = (q, top0, since, True)
 
-    def _lighthouse_blamable(self, view: ClusterView, groups: list) -> bool:
-        """The monitor cannot read the Lighthouse and nothing shows the ranks can: no quorum
-        formed and no step committed since beyond the one in flight. A commit needs a quorum,
-        so a later one proves the ranks reach it (the monitor's read is what fails)."""
-        if self._lh_out is None:
-            return False
-        q, top, _ = self._lh_out
-        newest = max((gv.step for gv in groups if gv.step is not None), default=None)
-        return view.quorum_id == q and (newest is None or top is None
-                                        or newest <= top + LH_STEPS_IN_FLIGHT)
+    def _lighthouse_cause(self, groups: list) -> tuple[str, str | None]:
+        """With the monitor unable to read the Lighthouse: ``("lighthouse", None)`` while
+        nothing shows the ranks can (no quorum formed, no step committed since beyond the one in
+        flight); ``("network", what shows it)`` once something does (a commit needs a quorum:
+        the ranks reach it, the monitor's read is what fails); ``("unknown", None)`` when no
+        rank reports a step of its own (torch's debug server only: the Lighthouse's, frozen)."""
+        own = _own_reports(groups)
+        q0, top0, _, _ = self._lh_out or (None, None, 0.0, False)
+        if own is None or top0 is None or q0 is None:
+            return "unknown", None
+        newest, q = own
+        since = [what for what, yes in (("a new quorum formed", q != q0),
+                                        ("steps committed", newest > top0 + LH_STEPS_IN_FLIGHT))
+                 if yes]
+        return ("network", " and ".join(since) + " since") if since else ("lighthouse", None)
 
     def suspected(self) -> bool:
         """A slow window seen but ``job_slow`` not yet confirmed, or a job stall past
@@ -264,7 +294,7 @@ class JobWide:
     # --- job_stall --------------------------------------------------------------------------
     def stall(self, view: ClusterView, groups: list, now: float, hang: Hang,
               blamed: list[int], lighthouse: LighthouseStatus | None = None,
-              blind: bool = False) -> Finding | None:
+              blind: bool = False, full: ClusterView | None = None) -> Finding | None:
         self._stall_suspected = False
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
@@ -281,12 +311,14 @@ class JobWide:
         # every rank shows blocked in the collective, or in its quorum call, and the network is
         # not to blame; unless a step committed since the monitor lost it (its read fails, the
         # ranks' do not): then a long quorum wait is torchft's own (a heartbeat timeout)
-        lh_down = all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
-                      for gv in groups for r in gv.ranks if r.fresh)
-        lh_blamed = lh_down and self._lighthouse_blamable(view, groups)
+        lh_down = self._lh_out is not None and all(
+            r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
+            for gv in groups for r in gv.ranks if r.fresh)
+        cause, reached = self._lighthouse_cause(groups) if lh_down else ("network", None)
+        lh_blamed = cause == "lighthouse"
         if hang.stalled_sweeps < 1 or len(groups) < 2 \
                 or _joining(view, groups, lighthouse, any_phase=lh_blamed,
-                            outage_s=now - self._lh_out[2] if lh_blamed else None):
+                            outage_s=now - self._lh_out[2] if lh_blamed else None, full=full):
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
         shape = _stall_shape(groups, waits) if stalled else None
@@ -308,18 +340,29 @@ class JobWide:
                 "hosts": sorted(gv.hosts)}
         hosts = _hosts(groups)
         past = sorted(gv.replica_group for gv in through)
-        cause = ("the Lighthouse does not answer the monitor either: the ranks may be waiting "
-                 "for their quorum" if lh_blamed else "a network fault makes every group wait alike"
-                 + ("; the Lighthouse does not answer the monitor, but steps committed since: "
-                    "the ranks reach it" if lh_down else ""))
+        if was is not None and was.evidence.get("cause") == "lighthouse":
+            # open, so no step passed the stalled one: the Lighthouse answering again (or a
+            # quorum forming) does not make the same stall a network fault
+            cause = "lighthouse"
+        why = {"lighthouse": "the Lighthouse does not answer the monitor either: the ranks may "
+                             "be waiting for their quorum" if lh_down else
+                             "the Lighthouse did not answer the monitor when the stall began, "
+                             "and no step has committed since: the ranks may be waiting for "
+                             "their quorum",
+               "unknown": "the Lighthouse does not answer the monitor, and the ranks, on "
+                          "torch's debug server only, show its last read as their step: a wait "
+                          "for their quorum and a network fault cannot be told apart",
+               "network": "a network fault makes every group wait alike"
+                          + (f"; the Lighthouse does not answer the monitor, but {reached}: the "
+                             "ranks reach it" if reached else "")}[cause]
         ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
                          f"{where} at step {max(steps)}"
                          + (f" or, through it, waits for a quorum (group(s) {past})"
                             if past else "")
                          + f", the longest for {longest:.1f}s (threshold {threshold:.1f}s), "
-                         f"and no group is late or absent: a job-wide stall ({cause}); "
+                         f"and no group is late or absent: a job-wide stall ({why}); "
                          f"hosts {', '.join(hosts)}",
-              "lighthouse_unreadable": lh_down,
+              "lighthouse_unreadable": lh_down or cause == "lighthouse", "cause": cause,
               "stalled_s": round(longest, 3), "threshold_s": round(threshold, 3),
               "quorum_id": view.quorum_id, "step": top, "groups": per_group,
               "hosts": hosts, "probe": None,
