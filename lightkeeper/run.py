@@ -100,8 +100,12 @@ def bad_worker_host(flag: str | None, env: str | None) -> str | None:
 
 def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
     """Why the monitor URL(s) given (``--monitor`` or ``LIGHTKEEPER_MONITOR``, comma-separated,
-    blanks skipped) cannot be registered with, naming where it came from; None when they can."""
+    blanks skipped) cannot be registered with, naming where it came from; None when they can.
+    A list of blanks alone (``--monitor "$A,$B"`` with both unset) is refused: every rank would
+    train unmonitored, though a monitor was meant."""
     value, name = (flag, "--monitor") if flag is not None else (env, "LIGHTKEEPER_MONITOR")
+    if value and value.strip() and not value.replace(",", "").strip():
+        return f"{name} {value!r} names no monitor URL"
     for url in (u.strip() for u in (value or "").split(",")):
         if url and not is_http_url(url):  # blanks skipped, as the ranks skip them
             return f"{name} {redact_entry(url)!r} is not an http(s)://host:port URL"

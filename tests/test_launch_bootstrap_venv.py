@@ -1,19 +1,20 @@
 """``bin/bootstrap`` repairs a ``.venv`` it cannot install into. One without pip (``uv venv``,
-conda) gets it from ``ensurepip``, its site-packages kept; one whose Python has no ensurepip
-either (``python -m venv`` on a machine without python3-venv; every later run exited 127 with
-".venv/bin/pip: No such file or directory"), or one an older Python made, is rebuilt, in one
-line. A good one is left alone, judged by whether its python imports pip, not by a ``bin/pip``
-script: one ``ensurepip`` repaired has only ``pip3``, and a moved checkout leaves ``bin/pip``'s
-shebang pointing nowhere. Rebuilding such a venv would delete torch and whatever the user added.
-A moved checkout gets the project installed again: ``bin/lightkeeper``'s shebang and the
-editable install named the old path.
+conda), or whose pip fails to import, gets it from ``ensurepip``, else from the pip wheel the
+rebuilding Python's ensurepip bundles, its site-packages kept; a repair that fails (disk full, a
+kill) stops bootstrap with its error and clears nothing. One that no Python can add pip to, or
+one an older Python made, is rebuilt, in one line. A good one is left alone, judged by whether its
+python imports pip, not by a ``bin/pip`` script: one ``ensurepip`` repaired has only ``pip3``, and
+a moved checkout leaves ``bin/pip``'s shebang pointing nowhere. Rebuilding such a venv would
+delete torch and whatever the user added. A moved checkout gets the project installed again
+(``bin/lightkeeper``'s shebang and the editable install named the old path) and every other
+script in .venv pointed at the new one.
 
 Faked as in tests/test_audit_install_bootstrap.py: the Python bootstrap builds .venv with
 (``PYTHON``) records its arguments and makes a stand-in .venv whose ``python -m pip`` records
 what it would install, so nothing is downloaded; the venvs without pip are real ones, the good
 ones real ones whose ``pip`` is a stub package that records its arguments. ``ensurepip`` is a
-stand-in ahead of the stdlib's on PYTHONPATH (the real one takes seconds): it fails as Debian's
-does without python3-venv, or leaves that stub pip."""
+stand-in ahead of the stdlib's on PYTHONPATH (the real one takes seconds): missing as on Debian
+without python3-venv, failing, or leaving that stub pip."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -79,8 +81,8 @@ def assert_rebuilt_once(root: Path, why: str, **extra: str) -> None:
     first = bootstrap(root, **extra)
     assert first.returncode == 0, first.stderr
     said = [line for line in first.stderr.splitlines() if ".venv with" in line]
-    assert said == [f"bootstrap: rebuilding .venv with {root / 'stand-in-python'}: {why}"], \
-        first.stderr
+    assert said == [f"bootstrap: rebuilding .venv with {root / 'stand-in-python'}, deleting what "
+                    f"was installed in it: {why}"], first.stderr
     assert rebuilds(root) == 1
     assert "-e .[dev]" in (root / "pip.log").read_text()  # the project installed in the new one
     second = bootstrap(root)  # now whole: left alone
@@ -111,22 +113,87 @@ def venv_without_pip(at: Path) -> Path:
     return at
 
 
-def ensurepip(tmp_path: Path, body: str) -> str:
+def ensurepip(tmp_path: Path, body: str, init: str = "") -> str:
     """A PYTHONPATH whose ``ensurepip`` runs ``body`` in the venv's python."""
     where = tmp_path / "ensurepip-stand-in"
     (where / "ensurepip").mkdir(parents=True)
-    (where / "ensurepip/__init__.py").write_text("")
+    (where / "ensurepip/__init__.py").write_text(init)
     (where / "ensurepip/__main__.py").write_text(body)
     return str(where)
 
 
-def test_a_venv_without_pip_whose_python_cannot_add_it_is_rebuilt(tmp_path):
+def bundled_wheel(stand_in: str, main: str) -> Path:
+    """A pip wheel in the stand-in ``ensurepip``'s ``_bundled``, whose ``pip`` runs ``main``."""
+    bundled = Path(stand_in) / "ensurepip/_bundled"
+    bundled.mkdir()
+    wheel = bundled / "pip-99.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as whl:  # run as `python <wheel>/pip install <wheel>`
+        whl.writestr("pip/__main__.py", main)
+    return wheel
+
+
+def no_ensurepip(tmp_path: Path) -> str:
+    """A PYTHONPATH without ``ensurepip``, as Debian's python3.X is without python3.X-venv."""
+    return ensurepip(tmp_path, "", init="raise ModuleNotFoundError(\"No module named 'ensurepip'\","
+                                        " name='ensurepip')\n")
+
+
+def test_a_venv_without_pip_that_no_python_can_add_it_to_is_rebuilt(tmp_path):
     root = prepared(tmp_path)
     venv_without_pip(root / ".venv")
-    debian = ensurepip(tmp_path, "import sys\nsys.exit('ensurepip is disabled in Debian/Ubuntu "
-                                 "for the system python.')\n")
     assert_rebuilt_once(root, "it has no pip and its Python no ensurepip (python3-venv missing "
-                              "when it was made?)", PYTHONPATH=debian)
+                              "when it was made?)", PYTHONPATH=no_ensurepip(tmp_path))
+
+
+@pytest.mark.parametrize("pip_state", ["no pip", "pip failing to import"])
+def test_a_venv_whose_ensurepip_fails_is_kept_and_bootstrap_stops_saying_why(tmp_path,
+                                                                            pip_state):
+    """ensurepip there but failing (disk full, permissions, a kill) was taken for "no
+    ensurepip", and ``venv --clear`` deleted torch and all for a repair that might work next
+    time."""
+    root = prepared(tmp_path)
+    site = site_packages(venv_without_pip(root / ".venv"))
+    if pip_state == "pip failing to import":
+        stub_pip(root, site)
+        (site / "pip/__init__.py").write_text("raise RuntimeError('broken')\n")
+    (site / "kept-by-the-user").write_text("")
+    full = ensurepip(tmp_path, "import sys\n"
+                               "sys.exit('OSError: [Errno 28] No space left on device')\n")
+    done = bootstrap(root, PYTHONPATH=full)
+    assert done.returncode == 1, done.stderr
+    assert rebuilds(root) == 0 and "rebuilding" not in done.stderr, done.stderr
+    assert (site / "kept-by-the-user").exists()
+    assert done.stderr.splitlines()[-2:] == [
+        "bootstrap: .venv kept as it is: .venv/bin/python -m ensurepip --upgrade failed; "
+        "bin/bootstrap tries again once that is fixed:",
+        "OSError: [Errno 28] No space left on device"], done.stderr
+    assert not (root / "pip.log").exists()  # nothing installed into it either
+
+
+def test_a_venv_whose_python_lacks_ensurepip_gets_pip_from_the_bundled_wheel(tmp_path):
+    """``uv venv`` with a Python that has no ensurepip, while the Python bootstrap would rebuild
+    it with has one: pip is installed from that Python's bundled wheel, nothing cleared."""
+    root = prepared(tmp_path)
+    site = site_packages(venv_without_pip(root / ".venv"))
+    (site / "kept-by-the-user").write_text("")
+    # the venv's Python alone has no ensurepip
+    (site / "no-ensurepip.pth").write_text("import sys; sys.modules['ensurepip'] = None\n")
+    stand_in = ensurepip(tmp_path, "")
+    wheel = bundled_wheel(stand_in, (
+        "import sys\nfrom pathlib import Path\n"
+        f"Path({str(root / 'wheel.log')!r}).write_text(' '.join(sys.argv[1:]))\n"
+        f"pip = Path({str(site)!r}) / 'pip'\n"
+        "pip.mkdir()\n"
+        "(pip / '__init__.py').write_text('')\n"
+        f"(pip / '__main__.py').write_text({stub_pip_main(root)!r})\n"))
+    done = bootstrap(root, PYTHONPATH=stand_in)
+    assert done.returncode == 0, done.stderr
+    assert "rebuilding" not in done.stderr and rebuilds(root) == 0, done.stderr
+    assert f"bootstrap: .venv had no pip: added it with {wheel}" in done.stderr.splitlines()
+    assert (root / "wheel.log").read_text().endswith(f"--no-index --no-deps --force-reinstall "
+                                                     f"{wheel}")
+    assert (site / "kept-by-the-user").exists()
+    assert "-e .[dev]" in (root / "pip.log").read_text(), done.stderr  # installed with that pip
 
 
 def test_a_venv_made_without_pip_gets_it_from_ensurepip_and_keeps_its_packages(tmp_path):
@@ -212,6 +279,41 @@ def test_a_moved_checkout_installs_the_project_again(tmp_path):
     assert (root / "pip.log").read_text().count("-e .[dev]") == 1
 
 
+@pytest.mark.parametrize("old_name", ["lk", "my lk"], ids=["path", "path-with-a-space"])
+def test_a_moved_checkout_points_every_script_in_the_venv_here(tmp_path, old_name):
+    """``mv ~/lk ~/src/lk``: pip reinstalled only lightkeeper's scripts; pytest, torchrun,
+    torchft_lighthouse (nightly's too, its dist-info kept) still named the old python and failed
+    to start. For a path with a space pip writes ``#!/bin/sh`` and an ``exec`` line."""
+    root = prepared(tmp_path)
+    old = tmp_path / "before-the-mv" / old_name  # gone, as after the mv
+    venv = real_venv(root, root / ".venv")
+    pin = next(line.split("==", 1)[1] for line in
+               (root / ".ci/torchft-nightly.txt").read_text().splitlines()
+               if line.startswith("torchft-nightly=="))
+    (venv / f"torchft-nightly/torchft_nightly-{pin}.dist-info").mkdir(parents=True)
+    (venv / "torchft-nightly/bin").mkdir()
+    if " " in old_name:
+        head = f"#!/bin/sh\n'''exec' \"{old}/.venv/bin/python\" \"$0\" \"$@\"\n' '''\n"
+    else:
+        head = f"#!{old}/.venv/bin/python\n"
+    scripts = [venv / "bin/torchrun", venv / "torchft-nightly/bin/torchft_lighthouse"]
+    for script in scripts:
+        script.write_text(head + "print('started')\n")
+        script.chmod(0o755)
+    activate = venv / "bin/activate"
+    activate.write_text(activate.read_text().replace(f'"{venv}"', f'"{old}/.venv"'))
+    (venv / ".lightkeeper-installed").write_text(f"{old}\n")  # installed before the mv
+    done = bootstrap(root)
+    assert done.returncode == 0, done.stderr
+    for script in scripts:
+        ran = subprocess.run([str(script)], capture_output=True, text=True, timeout=10)
+        assert (ran.returncode, ran.stdout) == (0, "started\n"), ran.stderr
+    assert f"bootstrap: the checkout moved from {old}: 3 scripts in .venv point here now" in \
+        done.stderr.splitlines(), done.stderr
+    assert f'VIRTUAL_ENV="{root.resolve()}/.venv"' in activate.read_text()
+    assert "-e .[dev]" in (root / "pip.log").read_text(), done.stderr  # and lightkeeper itself
+
+
 def test_a_venv_is_not_cleared_where_the_python_to_rebuild_it_has_no_ensurepip(tmp_path):
     """``venv --clear`` would delete torch and all, then fail the same way at every run: the
     venv is kept, and one line says what to install."""
@@ -220,8 +322,7 @@ def test_a_venv_is_not_cleared_where_the_python_to_rebuild_it_has_no_ensurepip(t
         NO_ENSUREPIP_PYTHON.format(root=root, real=sys.executable))
     site = site_packages(venv_without_pip(root / ".venv"))  # `uv venv`, torch in it
     (site / "kept-by-the-user").write_text("")
-    debian = ensurepip(tmp_path, "import sys\nsys.exit('ensurepip is disabled in Debian/Ubuntu "
-                                 "for the system python.')\n")
+    debian = no_ensurepip(tmp_path)
     for _ in range(2):  # and so at every run
         done = bootstrap(root, PYTHONPATH=debian)
         assert done.returncode != 0, done.stderr
@@ -236,14 +337,39 @@ def test_a_venv_is_not_cleared_where_the_python_to_rebuild_it_has_no_ensurepip(t
 
 
 @pytest.mark.parametrize("raises", ["raise RuntimeError('broken')", "import not_installed_dep"])
-def test_a_venv_whose_pip_fails_to_import_says_so(tmp_path, raises):
-    """Not "no working python": its python runs, its pip is what is broken."""
+def test_a_venv_whose_pip_fails_to_import_even_after_ensurepip_says_so(tmp_path, raises):
+    """Not "no working python": its python runs, its pip is what is broken; ensurepip runs
+    first, then its wheel forced, and the venv is rebuilt only when pip still fails to import."""
     root = prepared(tmp_path)
     site = site_packages(venv_without_pip(root / ".venv"))
     stub_pip(root, site)
     (site / "pip/__init__.py").write_text(raises + "\n")
-    assert_rebuilt_once(root, "its pip fails to import (.venv/bin/python -c 'import pip' says "
-                              "why)")
+    repairs_nothing = ensurepip(tmp_path, "")
+    wheel = bundled_wheel(repairs_nothing, "")
+    assert_rebuilt_once(root, f"its pip fails to import, also after ensurepip, then {wheel} "
+                              "(.venv/bin/python -c 'import pip' says why)",
+                        PYTHONPATH=repairs_nothing)
+
+
+def test_a_venv_whose_pip_fails_to_import_is_repaired_by_ensurepip(tmp_path):
+    """It went straight to ``venv --clear``: ``ensurepip --upgrade`` first, torch and all kept."""
+    root = prepared(tmp_path)
+    site = site_packages(venv_without_pip(root / ".venv"))
+    stub_pip(root, site)
+    (site / "pip/__init__.py").write_text("raise RuntimeError('broken')\n")
+    (site / "kept-by-the-user").write_text("")
+    repairs = ensurepip(tmp_path, (
+        "import sys\nfrom pathlib import Path\n"
+        f"Path({str(root / 'ensurepip.log')!r}).write_text(' '.join(sys.argv[1:]))\n"
+        f"(Path({str(site)!r}) / 'pip/__init__.py').write_text('')\n"))
+    done = bootstrap(root, PYTHONPATH=repairs)
+    assert done.returncode == 0, done.stderr
+    assert "rebuilding" not in done.stderr and rebuilds(root) == 0, done.stderr
+    assert "bootstrap: .venv's pip failed to import: reinstalled it with ensurepip" in \
+        done.stderr.splitlines()
+    assert (root / "ensurepip.log").read_text() == "--upgrade"
+    assert (site / "kept-by-the-user").exists()
+    assert "-e .[dev]" in (root / "pip.log").read_text(), done.stderr
 
 
 def test_a_checkout_run_through_a_symlinked_path_is_not_installed_again(tmp_path):

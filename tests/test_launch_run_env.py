@@ -1,6 +1,7 @@
 """``lightkeeper run``'s environment and checks against what the ranks do with it: the job's
-``PYTHONPATH`` kept entry for entry (an empty one is the current directory), and a monitor list
-with a blank entry accepted as the ranks accept it (docs/run.md)."""
+``PYTHONPATH`` kept entry for entry (an empty one is the current directory), a monitor list
+with a blank entry accepted as the ranks accept it, and one of blanks alone refused, as the ranks
+say it (docs/run.md)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,29 @@ def test_a_blank_monitor_entry_is_skipped_as_the_ranks_skip_it(capsys, monkeypat
     assert monitor_urls(None, {"LIGHTKEEPER_MONITOR": value}) == ["http://m1:19400"]
     assert lk_run.bad_monitor_url(None, "http://m1:19400,") is None
     assert lk_run.bad_monitor_url(value, None) is None
-    assert lk_run.bad_monitor_url(None, ",") is None  # all blank: as if unset, as the ranks do
     assert lk_run.bad_monitor_url(None, ",m1:19400") == \
         "LIGHTKEEPER_MONITOR 'm1:19400' is not an http(s)://host:port URL"
     monkeypatch.setenv("LIGHTKEEPER_MONITOR", "http://m1:19400,")
     assert lk_run.run(_args("--print-env")) == 0
     assert "LIGHTKEEPER_AUTOSTART=1" in capsys.readouterr().out.splitlines()
+
+
+def test_a_monitor_list_of_blanks_alone_is_refused_and_said_on_a_rank(capsys, monkeypatch):
+    """``--monitor "$A,$B"`` with both unset, or ``LIGHTKEEPER_MONITOR=" , "``, was taken for no
+    monitor: every rank trained unmonitored and nothing said so. Unset or empty stays none."""
+    monkeypatch.delenv("LIGHTKEEPER_MONITOR", raising=False)
+    assert lk_run.run(_args("--monitor", ",", "--print-env")) == 2
+    assert capsys.readouterr().err == "lightkeeper run: --monitor ',' names no monitor URL\n"
+    monkeypatch.setenv("LIGHTKEEPER_MONITOR", " , ")
+    assert lk_run.run(_args("--print-env")) == 2
+    assert capsys.readouterr().err == \
+        "lightkeeper run: LIGHTKEEPER_MONITOR ' , ' names no monitor URL\n"
+    # a rank keeps training, registered with none, and says so in one line
+    assert monitor_urls(None, {"LIGHTKEEPER_MONITOR": " , "}) == []
+    assert capsys.readouterr().err == \
+        "[lightkeeper] LIGHTKEEPER_MONITOR ' , ' names no monitor URL; this rank is registered " \
+        "with none\n"
+    for unset in ("", " "):
+        assert lk_run.bad_monitor_url(unset, None) is None
+        assert monitor_urls(None, {"LIGHTKEEPER_MONITOR": unset}) == []
+    assert capsys.readouterr().err == ""

@@ -118,9 +118,13 @@ def monitor_urls(given: str | None, env) -> list[str]:
     (sharded monitors, docs/scaling.md), blanks skipped. An entry that is no
     ``http(s)://host[:port]`` URL is left out in one line (its password not shown): a typo in a
     monitor's address costs that registration, never the rank's server (``lightkeeper run``
-    refuses it up front)."""
+    refuses it up front). A list of blanks alone (``"$A,$B"`` with both unset) registers with
+    none, said in one line too."""
     raw, source = ((given, "monitor_url") if given
                    else (env.get("LIGHTKEEPER_MONITOR"), "LIGHTKEEPER_MONITOR"))
+    if raw and raw.strip() and not raw.replace(",", "").strip():
+        say(f"{source} {raw!r} names no monitor URL; this rank is registered with none")
+        return []
     urls = []
     for url in (u.strip() for u in (raw or "").split(",")):
         if url and not is_http_url(url):
