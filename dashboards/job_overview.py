@@ -109,8 +109,9 @@ def job_overview() -> dict:
         "Confirmed findings by kind and eviction requests by replica group (monitor).",
         targets((step_events("lightkeeper_monitor_findings_total", J, "kind", standby=False),
                  "finding: {{kind}}"),
-                (step_events("lightkeeper_monitor_evictions_total", J, "replica_group",
-                             standby=False),
+                # only the monitor that sends a kill counts it, a --lead one standing by for
+                # its own --shard included: no standby copy to leave out
+                (step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
                  "eviction: group {{replica_group}}")),
         draw="bars", fill=80, min_=0), 12, 7)
 

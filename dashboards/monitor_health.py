@@ -116,8 +116,8 @@ def monitor_health() -> dict:
         interpolation="stepAfter", min_=0), 8, 8)
     L.add(timeseries(
         "Evictions by replica group", "Kill requests the monitor sent, per interval.",
-        [target(step_events("lightkeeper_monitor_evictions_total", J, "replica_group",
-                            standby=False),
+        # only senders count kills (a --lead monitor standing by for its --shard included)
+        [target(step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
                 "group {{replica_group}}")], draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(
         "Eviction decisions (evict / hold)",

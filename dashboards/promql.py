@@ -31,17 +31,15 @@ GROUP_COMPUTE = (f"max by (job, replica_group) "
 
 def new_series(m: str, window: str, seconds: str) -> str:
     """The series of monitor counter selector ``m`` that are new within ``window`` (``seconds``
-    long), each with how much it counts: they appear already at 1, so ``increase`` cannot see
-    their first increment.
+    long; one Grafana step), each with how much it counts: they appear already at 1, so a
+    difference cannot see their first increment.
 
     A series also looks new after a gap (a failed scrape's staleness marker, a network blip, a
     Prometheus restart): only one whose monitor was scraped ``window`` ago, or is itself new
     within it and started at most 5 minutes before (its first scrape can come well after its
     start, and its clock may be off; one replaced since included), is new, so a gap shows no
-    fake events (an increment across the gap is not counted). A new series gone since (its
-    monitor restarted within the window) counts too: with its greatest value within the
-    window; one that came back after the restart (a reset) with its first value and its
-    ``increase``, which adds the value before the reset."""
+    fake events (an increment across the gap is not counted). One reset within the window
+    counts its first value and its ``increase``, which adds the value before the reset."""
     start = f"lightkeeper_monitor_start_time_seconds{{{J}}}"
     # not increase() without a reset: extrapolated over a young series' few samples, 3 reads 4
     return (f"(((max_over_time({m}[{window}]) unless resets({m}[{window}]) > 0 "
@@ -50,6 +48,38 @@ def new_series(m: str, window: str, seconds: str) -> str:
             f"(lightkeeper_monitor_dry_run{{{J}}} offset {window} "
             f"or (max_over_time({start}[{window}]) unless {start} offset {window}) "
             f"> time() - {seconds} - 300))")
+
+
+# The shipped scrape interval: a count over a range adds up each such step's growth.
+SCRAPE = "15s"
+_SCRAPE_S = 15
+
+
+def scrape_growth(m: str, seen: list[str], start: str) -> str:
+    """How much each series of monitor counter selector ``m`` grew in the ``SCRAPE`` before
+    the evaluation, exactly (differences of samples: no extrapolation).
+
+    A series present a step before counts its difference, or after a reset (its monitor
+    restarted) its new value, as ``increase`` does. A series absent a step before is new (it
+    appears already at 1) and counts its value, but only if its monitor (same ``job`` and
+    ``instance``) was scraped a step before (any of ``seen``) or started at most 5 minutes
+    before its ``start`` first showed (its first scrape can come well after its start, its
+    clock may be off): a series back from a gap (a failed scrape, a Prometheus restart)
+    counts nothing, nor does an increment during the gap."""
+    s = SCRAPE
+    known = " or ".join(f"{k} offset {s}" for k in seen)
+    return (f"(max_over_time({m}[{s}]) unless {m} offset {s}) and on (job, instance) "
+            f"({known} or max_over_time({start}[{s}]) > time() - {_SCRAPE_S + 300}) "
+            # the value a step before, 0 after a reset (0 *: nameless, as ``-`` makes the rest)
+            f"or {m} - ({m} offset {s} <= {m} or 0 * {m} offset {s})")
+
+
+def range_growth(m: str, seen: list[str], start: str, window: str) -> str:
+    """How much each series of monitor counter selector ``m`` grew within ``window``: the sum
+    of its growth in each scrape interval (:func:`scrape_growth`). Not ``increase``, which
+    extrapolates to the window's edges (a young series' 3 reads 4) and loses a reset series'
+    first life when its first value is not its least."""
+    return f"sum_over_time(({scrape_growth(m, seen, start)})[{window}:{SCRAPE}])"
 
 
 def not_standby(expr: str) -> str:
@@ -66,11 +96,10 @@ def active_sum(expr: str, by: str = "") -> str:
 
 def events(metric: str, sel: str, by: str) -> str:
     """How many times monitor counter ``metric`` grew within the dashboard's time range, by
-    ``by``; a series new within it counts with its whole value (:func:`new_series`). Each
-    series' ``increase`` is rounded: extrapolated to a range off the scrape grid, 3 reads 3.01."""
-    m = f"{metric}{{{sel}}}"
-    return (f"sum by ({by}) (round({new_series(m, '$__range', '$__range_s')} "
-            f"or increase({m}[$__range])))")
+    ``by``; a series new within it counts with its whole value (:func:`range_growth`)."""
+    grew = range_growth(f"{metric}{{{sel}}}", [f"lightkeeper_monitor_dry_run{{{J}}}"],
+                        f"lightkeeper_monitor_start_time_seconds{{{J}}}", "$__range")
+    return f"sum by ({by}) ({grew})"
 
 
 def step_growth(m: str) -> str:

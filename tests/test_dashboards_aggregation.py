@@ -259,3 +259,60 @@ def test_decisions_in_the_time_range_count_across_restarts_and_replaced_monitors
         {"labels": '{decision="evict", reason="confirmed"}', "value": 2},
         {"labels": '{decision="evict", reason="rail"}', "value": 1},
         {"labels": '{decision="evict", reason="straggler"}', "value": 4}]}], interval="1m")
+
+
+def _decisions_in_range(tmp_path, interval: str, dry_run: str, start: str, decisions: str,
+                        eval_time: str, count: int) -> None:
+    """One monitor's evict decisions (``decisions``, its series values) over the hour."""
+    inst = 'job="train", instance="mon:19400"'
+    series = [{"series": f"lightkeeper_monitor_dry_run{{{inst}}}", "values": dry_run},
+              {"series": f"lightkeeper_monitor_start_time_seconds{{{inst}}}", "values": start},
+              {"series": f'lightkeeper_monitor_eviction_decisions_total{{{inst}, '
+                         'decision="evict", reason="confirmed"}', "values": decisions}]
+    expr = _query("panel 'Decisions in the time range' A", **{"$__range": "1h",
+                                                                "$__range_s": "3600"})
+    _check(tmp_path, series, [{"expr": expr, "eval_time": eval_time,
+                               "exp_samples": _one(count, decision="evict", reason="confirmed")}],
+           interval=interval)
+
+
+def test_decisions_in_the_time_range_are_not_extrapolated_across_a_restart(tmp_path):
+    """2 decisions, the monitor restarted 30 s later (its series back at 1 with a 3rd): 3, at
+    15 s and at 1 m scrapes; the first life's few samples must not stretch to the range's
+    start."""
+    _decisions_in_range(tmp_path, "15s", "0x9 _x4 0x15", "0x9 _x4 210x15",
+                        "_x4 1 2 _x14 1x5", "5m", 3)
+    _decisions_in_range(tmp_path, "1m", "0x2 _ 0x5", "0x2 _ 240x5", "_ 1 2 _x2 1x4", "5m", 3)
+
+
+def test_decisions_in_the_time_range_count_a_first_life_from_its_first_value(tmp_path):
+    """First scraped at 2 decisions, a 3rd, the monitor restarted, a 4th: 4, not the least
+    value of both lives (1) plus the increments."""
+    _decisions_in_range(tmp_path, "1m", "0x5 _x2 0x6", "0x5 _x2 450x6",
+                        "_ 2x2 3x2 _x3 1x5", "12m", 4)
+    _decisions_in_range(tmp_path, "15s", "0x20 _x4 0x20", "0x20 _x4 375x20",
+                        "_x4 2x4 3x8 _x8 1x8", "10m", 4)
+
+
+def test_a_leader_standing_by_for_its_shard_shows_the_kills_it_sends(tmp_path):
+    """Two monitors ``--shard 0/2 --lead``: the one standing by for slice 0 won the election
+    and sends the job's kills. Only a sender counts a kill, so its evictions are no standby
+    copy: both eviction panels show them, as the alert and the annotations do."""
+    sender, holder = MonitorMetrics("train"), MonitorMetrics("train")
+    for m, standby in ((sender, 1), (holder, 0)):
+        m.dry_run.labels("train").set(0)  # as the monitor sets them at its start
+        m.start_time.labels("train").set(-1000)
+        m.shard_standby.labels("train").set(standby)
+        m.shard_leading.labels("train").set(standby)
+    sender.evictions.labels("train", "2").inc()
+    series = _series(holder, "holder:19400")
+    for s in _series(sender, "lead:19400"):
+        if s["series"].startswith("lightkeeper_monitor_evictions_total"):
+            s["values"] = "_x3 1x17"  # the kill sent at 45 s
+        series.append(s)
+    at = "45s"
+    _check(tmp_path, series, [{"expr": _query(where), "eval_time": at, "exp_samples": exp}
+                              for where, exp in (
+        ("panel 'Findings and evictions' B", _one(1, replica_group="2")),
+        ("panel 'Evictions by replica group' A", _one(1, replica_group="2")),
+    )])
