@@ -15,13 +15,14 @@ from prometheus_client import generate_latest
 from monitor.api.metrics import MonitorMetrics
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
+from rank_wire import MONITOR_AGENT
 from worker_server import RankIdentity, RankState, WorkerServer
 
 
 def test_queued_dumps_leave_state_to_the_monitor():
     # A dump held open is faked: torch offers no way to hold its own dump on demand. A handful
     # of clients asking /v1/fr_trace at once used to take all 4 server threads (one dumping,
-    # the rest waiting up to 1 s each), so a monitor's /v1/state waited past its poll timeout.
+    # one waiting 1 s on it, two paced), so a monitor's /v1/state waited in waitress' queue.
     entered, release = threading.Event(), threading.Event()
 
     def held(*_a, **_k) -> bytes:
@@ -33,6 +34,7 @@ def test_queued_dumps_leave_state_to_the_monitor():
                                    group_world_size=1))
     srv = WorkerServer(state, fr_dumper=held).serve()
     stop, answers = threading.Event(), []
+    monitor = {"User-Agent": MONITOR_AGENT}  # the monitor's polls, never paced
 
     def ask_dumps() -> None:
         with requests.Session() as s:
@@ -43,11 +45,21 @@ def test_queued_dumps_leave_state_to_the_monitor():
     try:
         first = pool.submit(requests.get, srv.url + "/v1/fr_trace", timeout=30)
         assert entered.wait(10)
-        askers = [pool.submit(ask_dumps) for _ in range(6)]
         with requests.Session() as s:
+            # the first to ask waits while the dump could still be a normal one...
+            assert s.get(srv.url + "/v1/fr_trace", headers=monitor, timeout=5).status_code == 503
+            # ...then it is wedged: asking holds no thread, it is refused at once
+            t0 = time.monotonic()
+            busy = s.get(srv.url + "/v1/fr_trace", headers=monitor, timeout=5)
+            assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+            assert time.monotonic() - t0 < 0.5, "a request waited for a wedged dump"
+            askers = [pool.submit(ask_dumps) for _ in range(6)]
+            deadline = time.monotonic() + 10
+            while len(answers) < 6 and time.monotonic() < deadline:  # the askers in their loops
+                time.sleep(0.01)
             for _ in range(5):
                 t0 = time.monotonic()
-                assert s.get(srv.url + "/v1/state", timeout=5).status_code == 200
+                assert s.get(srv.url + "/v1/state", headers=monitor, timeout=5).status_code == 200
                 assert time.monotonic() - t0 < 0.5  # the monitor's poll timeout is 0.8 s
         assert 503 in answers  # told at once to come back (Retry-After: 1)
         release.set()

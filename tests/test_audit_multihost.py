@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -190,9 +189,7 @@ def test_an_unreachable_lighthouse_is_said_in_a_few_words():
     registration failure is, in a few words."""
     from monitor.evidence.lighthouse_status import LighthouseReader
 
-    with socket.socket() as s:  # a port nothing listens on once closed
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    url = "http://127.0.0.1:1"  # nothing listens on port 1: refused
     status, why = LighthouseReader(url, timeout_s=1).read()
     assert status is None and why == f"{url}/status unreachable: Connection refused", why
 

@@ -8,7 +8,6 @@ these tests never rewrite the checkout's generated files; the copies come from t
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -128,15 +127,14 @@ def test_validate_metrics_url_that_is_not_a_metrics_page(capsys, ctype, body):
 
 
 # --- render -----------------------------------------------------------------------------------
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# nothing listens on port 1 (refused): a port picked with bind(0) and let go may be another
+# test's server by the time it is asked
+CLOSED_PORT = 1
 
 
 def test_render_without_prometheus_writes_nothing(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where the old default, docs/img, would have been written
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{CLOSED_PORT}"
     err = usage_error(["--prometheus-url", url, "--out", "img"], capsys, run=render.main)
     assert err == f"python -m dashboards.render: error: --prometheus-url {url}: cannot connect"
     with serve(lambda path, query: (200, "text/html", "<html></html>")) as page:
@@ -147,7 +145,7 @@ def test_render_without_prometheus_writes_nothing(capsys, tmp_path, monkeypatch)
 
 def test_render_needs_out(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    err = usage_error(["--prometheus-url", f"http://127.0.0.1:{_closed_port()}"], capsys,
+    err = usage_error(["--prometheus-url", f"http://127.0.0.1:{CLOSED_PORT}"], capsys,
                       run=render.main)
     assert err.endswith("error: the following arguments are required: --out")
     assert list(tmp_path.iterdir()) == []

@@ -381,11 +381,11 @@ def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_e
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from lightkeeper.processes import free_port, wait_until
+    from lightkeeper.processes import wait_until
     from monitor.shard import Leader, Shards
     from tests.test_monitor_shard import _Monitor
 
-    mon = _Monitor(f"http://127.0.0.1:{free_port()}", "/lk", 0)  # nothing listens there
+    mon = _Monitor("http://127.0.0.1:1", "/lk", 0)  # nothing listens on port 1
     shard = Shards(mon.shard_cfg, mon)
     shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
         ranks={}, reachable_fraction=1.0, groups={}), mon.now)

@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 
 from monitor.config import MonitorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.service import WARN_EVERY_S, Monitor
 
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# nothing listens on port 1 (refused): a port picked with bind(0) and let go may be another
+# test's server by the time it is asked
+CLOSED_PORT = 1
 
 
 def test_an_unreachable_lighthouse_is_said_once_a_minute_and_when_it_answers(tmp_path, caplog):
     clock = [1000.0]
-    mon = Monitor(MonitorConfig(port=0, lighthouse=f"http://127.0.0.1:{closed_port()}",
+    mon = Monitor(MonitorConfig(port=0, lighthouse=f"http://127.0.0.1:{CLOSED_PORT}",
                                 lighthouse_timeout_s=1.0, state_path=str(tmp_path / "m.db"),
                                 job="unit"), clock=lambda: clock[0])
 

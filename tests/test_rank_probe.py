@@ -26,10 +26,9 @@ def ranks():
         s.stop()
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# nothing listens on port 1 (refused): a port picked with bind(0) and let go may be another
+# test's server by the time it is asked
+CLOSED_PORT = 1
 
 
 def probe(url: str, body, headers=AUTH, timeout: float = 30) -> requests.Response:
@@ -38,7 +37,7 @@ def probe(url: str, body, headers=AUTH, timeout: float = 30) -> requests.Respons
 
 def test_probe_measures_a_live_peer_and_names_a_down_one(ranks):
     a, b = ranks
-    down = f"http://127.0.0.1:{closed_port()}"
+    down = f"http://127.0.0.1:{CLOSED_PORT}"
     r = probe(a.url, {"peers": [b.url, down, a.url + "/"], "bytes": 65536})
     assert r.status_code == 200, r.text
     doc = r.json()
@@ -60,7 +59,7 @@ def test_probe_measures_a_live_peer_and_names_a_down_one(ranks):
 def test_a_down_peer_fails_fast_and_a_silent_one_within_the_timeout(ranks):
     a, _ = ranks
     started = time.monotonic()
-    r = probe(a.url, {"peers": [f"http://127.0.0.1:{closed_port()}"], "timeout_s": 5})
+    r = probe(a.url, {"peers": [f"http://127.0.0.1:{CLOSED_PORT}"], "timeout_s": 5})
     assert r.status_code == 200 and r.json()["results"][0]["ok"] is False
     assert time.monotonic() - started < 2.5  # refused at once, not after the 5 s timeout
 

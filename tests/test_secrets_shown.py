@@ -97,7 +97,7 @@ def sqlite_text(path) -> str:
 
 def test_no_password_or_token_is_shown(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTKEEPER_")}
-    closed = free_port()  # nothing listens there: the unreachable Lighthouse and etcd
+    closed = 1  # nothing listens on port 1: the unreachable Lighthouse and etcd
     mon_port = free_port()
     monitor_url = with_password(f"http://127.0.0.1:{mon_port}", "ranks", MON_PW)
     cluster = LocalCluster(tmp_path / "job", num_groups=2, steps=100000, step_pause_s=0.2,

@@ -60,7 +60,7 @@ def test_rank0_hosts_at_master_port_and_rank1_connects_to_it():
 
 
 def test_rank1_without_a_store_fails_within_the_bound_naming_the_address():
-    port = free_port()
+    port = 1  # nothing listens on port 1; a port picked and let go may be another test's store
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match=f"no TCPStore at 127.0.0.1:{port} .* after 1.5s: "
                                                "group rank 0 hosts"):
@@ -69,7 +69,7 @@ def test_rank1_without_a_store_fails_within_the_bound_naming_the_address():
 
 
 def test_under_torchrun_rank0_connects_to_the_agents_store_instead_of_hosting():
-    port = free_port()
+    port = 1  # nothing listens on port 1: no agent's store there
     with pytest.raises(StoreUnavailable, match="torchrun's agent hosts"):
         group_store(0, 2, timeout_s=1, env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                                                TORCHELASTIC_USE_AGENT_STORE="True"))
@@ -236,7 +236,7 @@ def test_bare_rank0_with_master_variables_trains_and_ranks_exit_promptly(tmp_pat
 
 @pytest.mark.e2e
 def test_rank1_without_a_store_exits_nonzero_within_the_bound():
-    port = free_port()
+    port = 1  # nothing listens on port 1; a port picked and let go may be another test's store
     started = time.monotonic()
     res = subprocess.run(
         [sys.executable, "-m", "lightkeeper.cli", "train", "--lighthouse", "http://127.0.0.1:1",

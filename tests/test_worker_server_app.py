@@ -407,14 +407,10 @@ def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, capfd):
     """A mistyped LIGHTKEEPER_MONITOR left the rank unmonitored without a word (debug only):
     said once on stderr, whatever the job's logging, in a few words (not urllib3's reprs),
     however often it is tried."""
-    import socket
-
     from worker_server import server as server_module
 
     monkeypatch.setattr(server_module, "REGISTER_INTERVAL_S", 0.02)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = 1  # nothing listens on port 1: refused
     srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
                              monitor_url=f"http://127.0.0.1:{closed}")
     try:
@@ -432,3 +428,63 @@ def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, capfd):
     assert said == [f"[lightkeeper] cannot register with monitor http://127.0.0.1:{closed} "
                     "(Connection refused); this rank is not monitored until it can, tried "
                     "every 0 s"], said
+
+
+def test_registrations_stopped_during_a_slow_lookup_say_nothing(monkeypatch, capfd):
+    """With two monitors, stop() waited for the last registration only, and one whose lookup
+    of a monitor's host (DNS) outlasted stop() still said it was not registering."""
+    from worker_server import server as server_module
+
+    srv = WorkerServer(RankState(RankIdentity(job="unit"))).serve()
+    looked_up, threads = threading.Semaphore(0), []
+
+    def slow_lookup(own_url: str, monitor_url: str) -> bool:  # a DNS answer that comes late
+        threads.append(threading.current_thread())
+        looked_up.release()
+        deadline = time.monotonic() + 5
+        while srv.state.phase != "stopped" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return True  # on another host: the rank's loopback is out of its reach
+
+    monkeypatch.setattr(server_module, "loopback_for_remote", slow_lookup)
+    try:
+        srv.register_with("http://monitor-a.example:9400")
+        srv.register_with("http://monitor-b.example:9400")
+        assert looked_up.acquire(timeout=5) and looked_up.acquire(timeout=5)
+    finally:
+        t0 = time.monotonic()
+        srv.stop()
+        took = time.monotonic() - t0
+    assert not [t for t in threads if t.is_alive()], "stop() left a registration running"
+    for t in threads:
+        t.join(5)
+    assert took < 1.5
+    assert "not registering" not in capfd.readouterr().err
+
+
+def test_stop_waits_one_second_in_all_for_monitors_that_never_answer(capfd):
+    """Two monitors that take the registration and never answer: stop() gives them 1 s in
+    all, not each, and neither says anything once the server stopped."""
+    import socket
+
+    srv = WorkerServer(RankState(RankIdentity(job="unit"))).serve()
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    taken = []
+    before = set(threading.enumerate())
+    try:
+        for ls in listeners:
+            srv.register_with(f"http://127.0.0.1:{ls.getsockname()[1]}")
+        registering = [t for t in threading.enumerate() if t not in before]
+        for ls in listeners:  # each registration is in flight: its request was sent
+            ls.settimeout(5)
+            taken.append(ls.accept()[0])
+    finally:
+        t0 = time.monotonic()
+        srv.stop()
+        took = time.monotonic() - t0
+        for conn in taken + listeners:
+            conn.close()  # the requests fail now, not at their 2 s timeout
+    for t in registering:
+        t.join(5)
+    assert took < 1.5
+    assert "monitor" not in capfd.readouterr().err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -69,8 +70,38 @@ def int_param(args: Params, name: str, lo: int, hi: int) -> int | None:
 
 
 MAX_LAST = 1_000_000
-FR_WAIT_S = 1.0  # how long a request waits for another's dump (a normal one takes ~30-100 ms)
-_FR_DUMPING = threading.Lock()
+# A request waits for another's dump only while that dump is this young (a normal one takes
+# ~30-100 ms); older, it is taken as wedged and the request is answered 503 at once: a thread
+# waiting on it, beside the paced reads' two, would leave the monitor's polls none (metrics.py)
+FR_WAIT_S = 0.25
+
+
+class _DumpTurn:
+    """One Flight Recorder dump at a time (torch's dump is the whole process's)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._since: float | None = None  # when the running dump started; None: none runs
+
+    def take(self) -> bool:
+        """Start a dump now, or after the running one if it ends within FR_WAIT_S of its
+        start; False when it does not."""
+        with self._cond:
+            if self._since is not None:
+                wait = self._since + FR_WAIT_S - time.monotonic()
+                self._cond.wait_for(lambda: self._since is None, timeout=max(0.0, wait))
+                if self._since is not None:
+                    return False
+            self._since = time.monotonic()
+            return True
+
+    def give(self) -> None:
+        with self._cond:
+            self._since = None
+            self._cond.notify()
+
+
+_FR_DUMPING = _DumpTurn()
 # one dump and one waiting for it: a queue of dumps would hold every server thread, and a
 # monitor's /v1/state behind them past its poll timeout (the rank found dead)
 _FR_CALLERS = threading.BoundedSemaphore(2)
@@ -192,12 +223,12 @@ def fr_trace_body(state: RankState, tracker: IncarnationTracker | None, args: Pa
         raise FlightRecorderBusy("another Flight Recorder dump is running and one waits for "
                                  "it; retry later")
     try:
-        if not _FR_DUMPING.acquire(timeout=FR_WAIT_S):
+        if not _FR_DUMPING.take():
             raise FlightRecorderBusy("another Flight Recorder dump is still running; retry later")
         try:
             body = fr_dumper(tracker, identity_keys(state), only_active=only_active)
         finally:
-            _FR_DUMPING.release()
+            _FR_DUMPING.give()
     finally:
         _FR_CALLERS.release()
     if pg is not None or last is not None:

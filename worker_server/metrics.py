@@ -39,9 +39,11 @@ READ_SHARE = 0.02
 # ...and never longer than this: the monitor's poll times out at 0.8 s (its --poll-timeout)
 MAX_PACE_S = 0.25
 # Paced reads that may wait at once: a waiting read sleeps on one of the server's 4 threads, and
-# the monitor's polls queue behind those in waitress' FIFO; two stay free for them. Another read
-# that would wait is answered 429, made at once and sent HOLD_S later (holding no thread), so a
-# client looping on refusals costs one answer per HOLD_S.
+# the monitor's polls queue behind those in waitress' FIFO; two stay free for them, one while a
+# Flight Recorder dump runs (one at a time; another request waits for it only in its first
+# endpoints.FR_WAIT_S, then is answered 503 at once). Another read that would wait is answered
+# 429, made at once and sent HOLD_S later (holding no thread), so a client looping on refusals
+# costs one answer per HOLD_S.
 PACED_SLOTS = 2
 # never paced nor refused: a peer's probe payload (its time is the network's measure) and
 # /healthz (a readiness probe refused would hold a rolling update; it costs next to nothing)

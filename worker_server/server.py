@@ -251,7 +251,7 @@ class WorkerServer:
         wild = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host)
         state.control_url = f"http://{wild}:{self.port}" if wild else self.url
         self._stop = threading.Event()
-        self._register_thread: threading.Thread | None = None
+        self._register_threads: list[threading.Thread] = []  # one per register_with()
         self.autostarted = False  # started by lightkeeper run's hook, not by the job's code
         # the Manager POST /v1/abort acts on (the last attached) and its gloo group's sockets
         self._manager: Any = None
@@ -397,6 +397,8 @@ class WorkerServer:
             while not self._stop.is_set():
                 try:
                     if loopback_for_remote(self.url, monitor_url):
+                        if self._stop.is_set():  # its lookup (DNS) outlasted stop()
+                            return
                         if said != "loopback":
                             say(f"not registering {self.url} with monitor {shown}: it runs on "
                                 "another host and cannot reach this host's loopback; bind an "
@@ -427,15 +429,17 @@ class WorkerServer:
                             f"monitored until it can, tried every {REGISTER_INTERVAL_S:.0f} s")
                     said = "unreachable"
                 except ValueError:  # urlsplit's: no URL (its text may hold the password)
+                    if self._stop.is_set():
+                        return
                     if said != "no url":
                         say(f"cannot register with monitor {shown}: it is not an "
                             "http(s)://host:port URL; this rank is not monitored")
                     said = "no url"
                 self._stop.wait(REGISTER_INTERVAL_S)
 
-        self._register_thread = threading.Thread(target=loop, name="lightkeeper-register",
-                                                 daemon=True)
-        self._register_thread.start()
+        thread = threading.Thread(target=loop, name="lightkeeper-register", daemon=True)
+        self._register_threads.append(thread)
+        thread.start()
 
     def finish(self, wait_s: float = FINISH_WAIT_S) -> bool:
         """Say training completed (``/v1/state``: ``"finished": true``), so that a monitor counts
@@ -483,14 +487,15 @@ class WorkerServer:
         return True
 
     def stop(self) -> None:
-        """Stop serving and registering. Waits up to 1 s for a registration in flight, so
-        that it says nothing after the caller stopped the server (a slow monitor is left to
-        the daemon thread's request timeout)."""
+        """Stop serving and registering. Waits up to 1 s in all for the registrations in
+        flight (one per monitor), so that they say nothing after the caller stopped the server
+        (a slow monitor is left to the daemon thread's request timeout)."""
         self._stop.set()
         with _SERVING_LOCK:
             _SERVING.pop(self, None)
         self.state.set_phase("stopped")
         self._http.stop()
-        thread = self._register_thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1.0)
+        deadline = time.monotonic() + 1.0
+        for thread in self._register_threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
