@@ -469,12 +469,9 @@ def test_monitor_sweep_reads_a_rank_through_lightkeeper_handlers(garbage_server,
 
 
 def test_unreachable_rank_is_a_connection_failure():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     poller = TorchPoller(timeout_s=1)
     try:
-        url = f"torch+http://127.0.0.1:{port}"
+        url = f"torch+http://{CLOSED}"
         p = poller.sweep([url])[url]
     finally:
         poller.close()
@@ -490,7 +487,7 @@ def test_store_reader_finds_ranks_the_lighthouse_vouches_for():
     addr = f"127.0.0.1:{store.port}"
     store.set("replica_id", "ft_3:uuid")
     store.set("debug_server/rank0", "http://node7:4100")
-    reader = StoreReader(timeout_s=0.3, forget_after_s=30)
+    reader = StoreReader(timeout_s=5, forget_after_s=30)  # what is found is checked, not when
     found = reader.read([("ft_3:uuid", addr, 2)], NOW)
     assert found == {"torch+http://node7:4100": TorchIdentity("ft_3:uuid", 3, 0, 2, addr)}
     assert found["torch+http://node7:4100"].rank == 6
@@ -504,19 +501,22 @@ def test_store_reader_finds_ranks_the_lighthouse_vouches_for():
     # no group number in the replica id; a store nobody serves
     reader.read([("nodigits:uuid", addr, 1)], NOW + 12)
     assert "names no replica group number" in reader.error
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
-    reader.read([("ft_5:u", dead, 1)], NOW + 13)
-    assert f"cannot read store {dead}" in reader.error
+    reader.read([("ft_5:u", CLOSED, 1)], NOW + 13)
+    assert f"cannot read store {CLOSED}" in reader.error
     # the Lighthouse stopped listing them: forgotten
     assert reader.read([], NOW + 100) == {}
 
 
-def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+CLOSED = "127.0.0.1:1"  # nothing listens there (a port bound and let go may be another test's)
+
+
+@pytest.fixture
+def unlistened():
+    """A socket bound, not listening: its port refuses connections until the test listens and
+    hands it to a store. Never let go, so no other test's can take that port meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock
 
 
 def test_a_gone_store_costs_no_torch_call_and_is_said_once(capfd, caplog):
@@ -524,7 +524,7 @@ def test_a_gone_store_costs_no_torch_call_and_is_said_once(capfd, caplog):
     port is closed. torch's client would retry it for its whole timeout (~2 s a read) and write
     some 30 lines of C++ errors and stack frames to stderr a try, every 5 s."""
     pytest.importorskip("torch.distributed")
-    dead = closed_port()
+    dead = CLOSED
     reader = StoreReader()  # the monitor's: 1 s
     with caplog.at_level("WARNING", logger="monitor.poll.torch_server"):
         for i in range(4):
@@ -538,7 +538,7 @@ def test_a_gone_store_costs_no_torch_call_and_is_said_once(capfd, caplog):
     assert "c10d" not in err and "socket.cpp" not in err, err[:400]
 
 
-def test_a_store_that_cannot_be_read_is_read_less_and_less_often(monkeypatch):
+def test_a_store_that_cannot_be_read_is_read_less_and_less_often(monkeypatch, unlistened):
     dist = pytest.importorskip("torch.distributed")
     tries: list[float] = []
     connect, at = socket.create_connection, [0.0]
@@ -549,9 +549,9 @@ def test_a_store_that_cannot_be_read_is_read_less_and_less_often(monkeypatch):
         return connect(addr, *args, **kwargs)
 
     monkeypatch.setattr(socket, "create_connection", counted)
-    dead = closed_port()
-    port = int(dead.rpartition(":")[2])
-    reader = StoreReader(timeout_s=0.5)
+    port = unlistened.getsockname()[1]
+    dead = f"127.0.0.1:{port}"
+    reader = StoreReader(timeout_s=5)  # what is read and when, not how long it may take
 
     def sweeps(start: float, end: float, found: int = 0) -> None:
         for t in range(int(start), int(end) + 1, 5):  # the Lighthouse lists it every sweep
@@ -563,17 +563,108 @@ def test_a_store_that_cannot_be_read_is_read_less_and_less_often(monkeypatch):
     sweeps(10, 240)  # 5 s, then twice as long after each further failure, up to 80 s
     assert tries == [0, 5, 15, 35, 75, 155, 235]
     # the store comes up, one rank's address in it: read at its turn, then every 5 s again
+    unlistened.listen(16)
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=5))
+                          timeout=timedelta(seconds=5), master_listen_fd=unlistened.detach())
     store.set("replica_id", "ft_5:u")
     store.set("debug_server/rank0", "http://node7:4100")
     sweeps(240, 310)
     sweeps(315, 315, found=1)
     store.set("debug_server/rank1", "http://node8:4100")
     sweeps(316, 319, found=1)
-    assert tries[-1] == 315
     sweeps(320, 320, found=2)
-    assert tries[-1] == 320
+    assert tries[-1] == 315  # read at 320 on the connection made at 315
+
+
+class _Relay:
+    """A TCP relay in front of a store: the connections its server is asked to take, and those
+    still open. (torch's store server looks up every new client's name on the thread that
+    serves the whole store: each connection can hold the job's own store calls.)"""
+
+    def __init__(self, port: int) -> None:
+        self.accepted, self.open = 0, []
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, args=(port,), daemon=True).start()
+
+    def _accept(self, port: int) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                pair = (self._server.accept()[0], socket.create_connection(("127.0.0.1", port)))
+                with self._lock:
+                    self.accepted += 1
+                    self.open.append(pair)
+                for src, dst in (pair, pair[::-1]):
+                    threading.Thread(target=self._pump, args=(src, dst, pair),
+                                     daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, pair: tuple) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        self._drop(pair)
+
+    def _drop(self, pair: tuple) -> None:
+        for sock in pair:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the other pump
+            sock.close()
+        with self._lock:
+            if pair in self.open:
+                self.open.remove(pair)
+
+    def cut(self) -> None:
+        """Every connection dropped, as when the store's process restarts on the same port."""
+        for pair in list(self.open):
+            self._drop(pair)
+
+    def wait_open(self, n: int) -> int:
+        deadline = time.monotonic() + 5
+        while len(self.open) != n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(self.open)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        self.cut()
+
+
+def test_a_store_read_again_and_again_is_read_on_one_connection():
+    """A group whose ranks have not all written their addresses is read every 5 s: on one
+    connection, not a new one a read (each cost the store's server a name lookup, which stalled
+    the reads and the job's own store calls for seconds at a time). Every read answers; the
+    connection closes once the store holds every rank, and when its group is forgotten."""
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    store.set("replica_id", "ft_3:uuid")
+    store.set("debug_server/rank0", "http://node7:4100")
+    relay = _Relay(store.port)
+    # what answers, not how soon: a read takes milliseconds, a connection's name lookup may not
+    reader = StoreReader(timeout_s=10, forget_after_s=30)
+    group, rank0 = [("ft_3:uuid", relay.addr, 2)], {"torch+http://node7:4100"}
+    try:
+        for i in range(40):
+            assert reader.read(group, NOW + 5 * i).keys() == rank0, i
+            assert reader.error is None, (i, reader.error)
+            assert relay.accepted <= 2, (i, relay.accepted)  # the plain connect, torch's client
+        assert relay.wait_open(1) == 1
+        # its process restarts on the same port: the next read connects again, said nowhere
+        relay.cut()
+        assert reader.read(group, NOW + 200).keys() == rank0 and reader.error is None
+        assert relay.accepted == 4 and relay.wait_open(1) == 1
+        # forgotten: its connection closes; listed again, read on a new one
+        assert reader.read([], NOW + 230) == {} and relay.wait_open(0) == 0
+        assert reader.read(group, NOW + 240).keys() == rank0 and relay.accepted == 6
+        # every rank found: never read again, nothing kept open
+        store.set("debug_server/rank1", "http://node8:4100")
+        assert len(reader.read(group, NOW + 245)) == 2 and relay.wait_open(0) == 0
+        assert len(reader.read(group, NOW + 250)) == 2 and relay.accepted == 6
+    finally:
+        relay.close()
 
 
 def test_a_store_that_never_answers_holds_the_sweep_its_timeout_only():
@@ -614,8 +705,12 @@ def test_a_store_that_never_answers_holds_the_sweep_its_timeout_only():
     try:
         took = sweep(NOW)
         assert got and took < 1.0, took
-        assert got[0] == {"torch+http://node7:4100": TorchIdentity("ft_3:uuid", 3, 0, 1, live)}
         assert f"cannot read store {mute} of 'ft_4:u': no answer in 0.3 s" in reader.error
+        deadline = time.monotonic() + 5  # the live store's read, late on a loaded machine
+        while not got[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+            sweep(NOW + 1)
+        assert got[0] == {"torch+http://node7:4100": TorchIdentity("ft_3:uuid", 3, 0, 1, live)}
         deadline = time.monotonic() + 5
         while len(conns) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)

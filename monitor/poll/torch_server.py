@@ -7,6 +7,7 @@ Flight Recorder dumps under :data:`RAW_KEY`. Nothing here raises because of a ra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -233,6 +234,7 @@ class _Got:
     failed: bool = False
     key: str = ""
     message: str | None = None
+    client: Any = None  # torch's client of the store, kept for its next read
 
 
 class _Reading:
@@ -257,12 +259,19 @@ class StoreReader:
     ``replica_id`` is the group's holds a ``debug_server/rank<i>`` address per rank. Needs torch
     (said once). Never raises. Stores due are read at once, each on a thread, waited for
     ``timeout_s`` at most; a late read is taken at a later call. A store that cannot be read is
-    said once and read again STORE_RETRY_S later, doubling up to STORE_RETRY_MAX_S."""
+    said once and read again STORE_RETRY_S later, doubling up to STORE_RETRY_MAX_S.
+
+    A store read again (some of its ranks missing) is read on the connection its last read made:
+    torch's store server resolves every new client's address to a name (reverse DNS) on the
+    thread that serves the whole store, so a connection per read would hold the job's own store
+    calls for as long as that lookup takes. The connection is closed once the store holds all
+    its ranks, cannot be read, or its group is forgotten."""
 
     def __init__(self, timeout_s: float = 1.0, forget_after_s: float = 30.0) -> None:
         self.timeout_s, self.forget_after_s = timeout_s, forget_after_s
         self._reads: dict[tuple[str, str], _StoreRead] = {}
         self._reading: dict[tuple[str, str], _Reading] = {}  # reads not taken yet
+        self._clients: dict[tuple[str, str], Any] = {}  # idle clients; a read holds its own
         self._last_listed: dict[str, float] = {}  # replica id -> when the Lighthouse listed it
         self._said: set[str] = set()
         self.error: str | None = None  # the last store that could not be read, and why
@@ -308,6 +317,8 @@ class StoreReader:
             del self._last_listed[rid]
             for key in [k for k in self._reads if k[0] == rid]:
                 del self._reads[key]
+            for key in [k for k in self._clients if k[0] == rid]:
+                del self._clients[key]  # its connection closes with it
         return self.identities()
 
     def _say(self, key: str, message: str) -> None:
@@ -328,6 +339,8 @@ class StoreReader:
             self._reads[key] = _StoreRead(got.found, got.complete, now, wait)
         else:
             old.at, old.wait = now, wait
+        if got.client is not None and not got.complete:
+            self._clients[key] = got.client  # read again later: on this connection
 
     def _start(self, rid: str, store: str, ws: int) -> _Reading | _Got:
         """The read of ``store`` under way, or what it came to where no read is needed."""
@@ -342,31 +355,42 @@ class StoreReader:
             return _Got({}, True, key="torch", message=(
                 f"--torch-stores needs torch in the monitor's Python to read the groups' "
                 f"TCPStores ({e}); torch-only ranks are not found"))
-        return _Reading(lambda: self._fetch(TCPStore, rid, store, ws, group))
+        client = self._clients.pop((rid, store), None)  # held by this read until it ends
+        return _Reading(lambda: self._fetch(TCPStore, rid, store, ws, group, client))
 
-    def _fetch(self, tcp_store: Any, rid: str, store: str, ws: int, group: int) -> _Got:
-        """The read itself, on its own thread; never raises."""
+    def _fetch(self, tcp_store: Any, rid: str, store: str, ws: int, group: int,
+               client: Any) -> _Got:
+        """The read itself, on its own thread, on ``client`` where the last read left one;
+        never raises."""
         host, _, port = store.rpartition(":")
         host = host.strip("[]")
         try:
+            if client is not None:
+                with contextlib.suppress(Exception):  # its store restarted or went away
+                    return self._ask(client, rid, store, ws, group)
             # a plain connect first: torch's client retries a dead port for its whole timeout,
             # writing some 30 lines of C++ errors a try
             socket.create_connection((host, int(port)), timeout=self.timeout_s).close()
-            s = tcp_store(host, int(port), is_master=False, wait_for_workers=False,
-                          timeout=timedelta(seconds=self.timeout_s))
-            listed = s.get("replica_id").decode("utf-8", "replace") \
-                if s.check(["replica_id"]) else None
-            if listed != rid:
-                return _Got({}, False, key=f"rid:{rid}:{store}", message=(
-                    f"torch's debug server: store {store} holds replica_id {listed!r}, not "
-                    f"{rid!r}: its ranks are not read"))
-            found: dict[str, TorchIdentity] = {}
-            for i in range(ws):
-                key = f"{STORE_PREFIX}{i}"
-                if s.check([key]):
-                    addr = s.get(key).decode("utf-8", "replace")
-                    found[torch_url(addr)] = TorchIdentity(rid, group, i, ws, store)
-            return _Got(found, len(found) == ws)
+            client = tcp_store(host, int(port), is_master=False, wait_for_workers=False,
+                               timeout=timedelta(seconds=self.timeout_s))
+            return self._ask(client, rid, store, ws, group)
         except Exception as e:  # refused, unreachable, timed out, a bad port: read again later
             return _Got({}, False, True, f"store:{store}", f"torch's debug server: cannot read "
                         f"store {store} of {rid!r}: {type(e).__name__}: {e}")
+
+    @staticmethod
+    def _ask(client: Any, rid: str, store: str, ws: int, group: int) -> _Got:
+        """The ranks ``client``'s store holds for ``rid``; raises where the store cannot say."""
+        listed = client.get("replica_id").decode("utf-8", "replace") \
+            if client.check(["replica_id"]) else None
+        if listed != rid:
+            return _Got({}, False, key=f"rid:{rid}:{store}", message=(
+                f"torch's debug server: store {store} holds replica_id {listed!r}, not "
+                f"{rid!r}: its ranks are not read"), client=client)
+        found: dict[str, TorchIdentity] = {}
+        for i in range(ws):
+            key = f"{STORE_PREFIX}{i}"
+            if client.check([key]):
+                addr = client.get(key).decode("utf-8", "replace")
+                found[torch_url(addr)] = TorchIdentity(rid, group, i, ws, store)
+        return _Got(found, len(found) == ws, client=client)
