@@ -235,6 +235,36 @@ def test_a_stall_that_named_the_lighthouse_keeps_it_until_a_step_commits(tmp_pat
         d.mon.stop()
 
 
+def test_a_network_stall_the_monitor_then_loses_the_lighthouse_in_stays_a_network_stall(
+        tmp_path, job):
+    """Every group stalls in the cross-group collective while the Lighthouse is readable, then
+    the monitor loses the Lighthouse too (often the same fault): the stall began before the
+    outage, so it is not the Lighthouse's, during the outage or after it."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+
+    def network() -> bool:
+        (f,) = d.mon.detectors.job_findings()
+        return (f.evidence["cause"] == "network" and "network fault" in f.evidence["summary"]
+                and "may be waiting for their quorum" not in f.evidence["summary"])
+
+    try:
+        d.sweeps(4)
+        d.train.stall(4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        assert network()
+        job.front_down()
+        d.train.stall(12.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        assert network()
+        job.front_up()
+        d.train.stall(14.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        assert network()
+    finally:
+        d.mon.stop()
+
+
 def _wait_cross(r, phase: str, waiting_s: float, now: float, **state) -> None:
     r.update(phase=phase, phase_since=now - waiting_s, **state,
              timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": waiting_s}})

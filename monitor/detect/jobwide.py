@@ -340,10 +340,12 @@ class JobWide:
                 "hosts": sorted(gv.hosts)}
         hosts = _hosts(groups)
         past = sorted(gv.replica_group for gv in through)
-        if was is not None and was.evidence.get("cause") == "lighthouse":
-            # open, so no step passed the stalled one: the Lighthouse answering again (or a
-            # quorum forming) does not make the same stall a network fault
-            cause = "lighthouse"
+        if was is not None and was.evidence.get("cause") in ("lighthouse", "network", "unknown"):
+            # open, so no step passed the stalled one: the same stall keeps the cause it opened
+            # with, whether the Lighthouse answers again or the monitor loses it meanwhile
+            cause = was.evidence["cause"]
+        elif cause == "lighthouse" and now - longest < self._lh_out[2] - JOIN_SLACK_S:
+            cause = "network"  # stalled before the monitor lost the Lighthouse: not its outage
         why = {"lighthouse": "the Lighthouse does not answer the monitor either: the ranks may "
                              "be waiting for their quorum" if lh_down else
                              "the Lighthouse did not answer the monitor when the stall began, "
