@@ -336,9 +336,10 @@ class Monitor:
     def _judge_hosts(self, view: ClusterView, new: list, now: float) -> None:
         """The host ledger's offences, policy and sinks, on a standby too: its ledger shadows the
         holder's, so a handover never leaves a quarantine nobody releases (the sinks' actions are
-        idempotent). A standby, or a holder whose lease may have lapsed, sends no abort or exit
-        and fetches no bundle (docs/monitor.md)."""
+        idempotent). A standby sends no abort or exit and fetches no bundle; a holder whose lease
+        may have lapsed still fetches bundles (docs/monitor.md)."""
         self.enforcer.standby = self.shard is not None and not self.shard.acting()
+        self.enforcer.fetch_bundles = self.shard is None or self.shard.holds is not False
         self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
 
     def _forget_unreachable(self, view: ClusterView, now: float) -> int:

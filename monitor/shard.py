@@ -155,8 +155,12 @@ class Shards:
             return
         mon = self.mon
         try:
-            asked_at = time.monotonic()
+            before, asked_at = self.session.lease, time.monotonic()
             lease = self.session.refresh()
+            if self.holds and before and lease == before:
+                # kept alive, so the key under it is still this run's: proposals go out in the
+                # sweep etcd answers again, not one later
+                self._holds_until = asked_at + self.session.granted_ttl
             # before the report: a leader that sees this run's report sees its proposals
             records = _by_rid(self.etcd, self.root + "evictions/")
             # the read's revision as far as the leader needs it: a record written after the read
@@ -211,7 +215,11 @@ class Shards:
         """A hung etcd costs each call its timeout: asked a third of the TTL later, not every
         sweep."""
         if e.timed_out:
-            self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
+            now, third = time.monotonic(), self.cfg.lease_ttl_s / 3.0
+            retry = now + third
+            if self.holds and self._holds_until > now:  # renewed before the hold can lapse
+                retry = min(retry, max(now, self._holds_until - third))
+            self._retry_at = retry
 
     def reported_elsewhere(self) -> tuple[set[str], bool]:
         """The replica ids the other shards' reachable ranks report (their leased reports), and

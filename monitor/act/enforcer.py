@@ -78,6 +78,9 @@ class Enforcer:
         # or exit and fetches no bundle; it keeps its host ledger (and sinks) so that a
         # handover never leaves a quarantine nobody releases
         self.standby = False
+        # another monitor holds the slice: it fetches the bundles (one whose hold merely may
+        # have lapsed still does: they are read-only, and no one else may be there to)
+        self.fetch_bundles = True
         self._finding_ids: dict[tuple, int] = {}
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
@@ -267,7 +270,7 @@ class Enforcer:
         sweep (held by a rail, say), written on the bundles' helper thread; none on a standby
         (the monitor holding the slice fetches them: a second fetch doubles the ranks' load)."""
         bundled, self._bundled = self._bundled, set()
-        if self.standby:
+        if not self.fetch_bundles:
             return
         for f in new:
             fid = self.finding_id(f.key)
