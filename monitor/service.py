@@ -148,7 +148,7 @@ class Monitor:
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
         self.hosts = HostLedger(self.store, cfg.quarantine, build_sinks(cfg), cfg.job, clock)
         self.hosts.sender = monitor_identity(
-            cfg.state_path, None if cfg.shard is None or cfg.shard.index is None
+            self.store.identity(), None if cfg.shard is None or cfg.shard.index is None
             else f"{cfg.shard.index}/{cfg.shard.shards}")
         self.bundles = Bundles(cfg, self.store, clock, lambda: self.torch_ranks.dumps)
         self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,

@@ -14,6 +14,7 @@ import sqlite3
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,6 +80,9 @@ CREATE TABLE IF NOT EXISTS bundles (
 CREATE INDEX IF NOT EXISTS bundles_at ON bundles (at);
 CREATE TABLE IF NOT EXISTS unreachable_ranks (
     url TEXT PRIMARY KEY, since REAL, state TEXT NOT NULL, trust TEXT
+);
+CREATE TABLE IF NOT EXISTS monitor_identity (
+    id INTEGER PRIMARY KEY CHECK (id = 1), value TEXT NOT NULL
 );
 """
 # the file's format (SQLite's user_version; 0: from before it was kept): raised only by a change
@@ -474,6 +478,22 @@ class Store:
 
     def delete_bundle(self, bundle_id: str) -> None:
         self._write("DELETE FROM bundles WHERE id=?", (bundle_id,))
+
+    def identity(self) -> str:
+        """This file's monitor id: made once, kept across restarts wherever the file goes (a
+        pod's new host name, a moved volume); a fresh one for an in-memory store."""
+        new = uuid.uuid4().hex[:16]
+        with self._lock:
+            row = self._db.execute("SELECT value FROM monitor_identity WHERE id=1").fetchone()
+            if row:
+                return row[0]
+            try:
+                with self._db:
+                    self._db.execute("INSERT INTO monitor_identity (id, value) VALUES (1, ?)",
+                                     (new,))
+            except sqlite3.Error as e:  # a full disk: this run's id, made again next start
+                log.warning("cannot keep the monitor's id in %s: %s", self.path, e)
+        return new
 
     # --- goodput ledger (monitor.goodput) ----------------------------------------------------
     def save_goodput(self, state: dict[str, Any], incidents: list[dict[str, Any]],

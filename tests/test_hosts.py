@@ -6,6 +6,7 @@ on a Monitor that polls nothing."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import types
 from types import SimpleNamespace as NS
@@ -716,3 +717,24 @@ def test_a_new_quarantine_goes_before_a_round_of_slow_retries(tmp_path):
     led.run_actions(clock())
     assert order[3:] == ["h1", "h4", "h2", "h3"]
     assert led.hosts["h4"]["last_action"]["status"] == "done"
+
+
+def test_sink_events_name_the_monitor_by_its_state_files_id_across_hosts(tmp_path, monkeypatch):
+    """A monitor restarted on another host (a pod rescheduled: a new host name) with its state
+    file numbers actions on from where it was; its events keep the same ``monitor.id``, so a
+    receiver deduplicating on (monitor.id, action_id) neither drops nor repeats one. Another
+    state file is another monitor."""
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+
+    ids = []
+    for host, state in (("pod-a", "m.sqlite"), ("pod-b", "m.sqlite"), ("pod-a", "n.sqlite")):
+        monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+        mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / state), targets=[]))
+        try:
+            sender = mon.hosts.sender
+        finally:
+            mon.stop()
+        assert sender["host"] == host and sender["shard"] is None
+        ids.append(sender["id"])
+    assert ids[0] == ids[1] != ids[2]

@@ -5,14 +5,11 @@ docs/quarantine.md.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
 import shlex
 import socket
 import threading
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,14 +84,11 @@ def rename_old_sinks(store: Store, keep: Iterable[str], hosts: dict[str, dict[st
             h["last_action"]["sink"] = new(h["last_action"].get("sink") or "")
 
 
-def monitor_identity(state_path: str, shard: str | None) -> dict[str, Any]:
+def monitor_identity(monitor_id: str, shard: str | None) -> dict[str, Any]:
     """Who sends a sink's events: action ids are numbered per state file, and a slice's holder
-    and its standby both send theirs, so a receiver tells them apart by ``id`` (this host and
-    state file; a fresh one per run without a file)."""
-    host = socket.gethostname()
-    where = uuid.uuid4().hex if state_path == ":memory:" else os.path.abspath(state_path)
-    digest = hashlib.sha256(f"{host}\0{where}".encode()).hexdigest()[:16]
-    return {"id": digest, "host": host, "shard": shard}
+    and its standby both send theirs, so a receiver tells them apart by ``id`` (the state file's,
+    ``Store.identity``: the same after a restart); ``host`` is for people."""
+    return {"id": monitor_id, "host": socket.gethostname(), "shard": shard}
 
 
 class HostActions:
