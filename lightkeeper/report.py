@@ -184,13 +184,18 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
         # a recovery another fault's confirmation cut short: its end is that detection, not
         # the job back at pace
         superseded = bool(cost) and cost.get("back_to_pace") == "superseded"
-        st["back_at_pace_ledger"] = cost["back_to_pace_s"] if cost and not superseded else None
+        # settled below pace: the start of a steady period at a new level, no time the job
+        # was back at 90% of healthy pace, which the ranks' back_at_pace is
+        settled = bool(cost) and cost.get("back_to_pace") == "settled"
+        st["back_at_pace_ledger"] = cost["back_to_pace_s"] if cost and not superseded \
+            and not settled else None
         f["stages"] = st
         f["cost"] = cost
         onset = f.get("struck_at_s")
         f["recovery_s"] = cost["recovery_s"] if cost and cost.get("recovery_s") is not None \
             and not superseded else None
         f["superseded_by"] = cost.get("superseded_by") if superseded else None
+        f["settled_pace"] = (inc or {}).get("settled_pace") if settled else None
         f["recovery_s_ranks"] = (round(st["back_at_pace"] - onset, 2)
                                  if st["back_at_pace"] is not None and onset is not None
                                  else None)

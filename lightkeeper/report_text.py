@@ -183,10 +183,12 @@ def cost_markdown(rep: dict) -> str:
     for i, f in enumerate(rep["faults"], 1):
         c = f.get("cost")
         rec = f.get("recovery_s")
-        sup = f.get("superseded_by")
+        sup, level = f.get("superseded_by"), f.get("settled_pace")
         rec_s = (f"superseded by #{sup} at {_fmt((c or {}).get('back_to_pace_s'))} (ledger)"
-                 if sup is not None else f"{rec:.1f}s (ledger)" if rec is not None
-                 else "—") + (
+                 if sup is not None
+                 else f"settled at {level:.2g}x after {rec:.1f}s (ledger)"
+                 if level is not None and rec is not None
+                 else f"{rec:.1f}s (ledger)" if rec is not None else "—") + (
             f", {f['recovery_s_ranks']:.1f}s (ranks)" if f.get("recovery_s_ranks") is not None
             else "")
         if c:

@@ -289,10 +289,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             else:
                 cause = "capacity_lost"
             self._book(self._run(t0, now, np.array([slot]), [dt], cause), inc, acct)
-        for _ in range(unseen):
-            self._add_good(np.zeros(1, np.int64), np.zeros(1), dt, acct)
-            self._book(self._run(t0, now, np.zeros(1, np.int64), [dt],
-                                 "startup" if startup else "capacity_lost"), None, acct)
+        self._book_unseen(unseen, t0, now, "startup" if startup else "capacity_lost", acct)
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
@@ -350,10 +347,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                 continue
             self._book(self._run(t0, t1, np.array([slot]), [lost], "capacity_lost"),
                        mine or inc, acct)
-        for _ in range(unseen):
-            self._add_good(np.zeros(1, np.int64), np.zeros(1), lost, acct)
-            self._book(self._run(t0, t1, np.zeros(1, np.int64), [lost], "capacity_lost"),
-                       None, acct)
+        self._book_unseen(unseen, t0, t1, "capacity_lost", acct)
 
     def _ended(self, view: ClusterView, inc: Incident, killed: list[Incident]) -> bool:
         if self.went_on_at is not None and self.went_on_at > inc.evicted_at:
@@ -377,13 +371,24 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.gaps += 1
         self.gap_s += dt
         b, S = self.baseline, self.slots
-        for slot in inside.tolist() + outside.tolist() + [0] * unseen:
+        for slot in inside.tolist() + outside.tolist():
             g = S.gids[slot]
             good = min(dt, int(deltas[slot]) * b) if b is not None and g in in_quorum else 0.0
             self._add_good(np.array([slot]), np.array([good]), dt, acct)
             if dt - good > 1e-9:
                 self._book(self._run(self.last_at, now, np.array([slot]), [dt - good],
                                      "unattributed"), None, acct)
+        self._book_unseen(unseen, self.last_at, now, "unattributed", acct)
+
+    def _book_unseen(self, unseen: int, t0: float, t1: float, cause: str,
+                     acct: SweepAccount) -> None:
+        """The slots never seen, ``t1 - t0`` each, booked as one slice of slot 0: one a slot
+        would give every sweep an interval of its own, overlapping the others."""
+        for _ in range(unseen):  # one by one: slot 0 repeated in one array adds once
+            self._add_good(np.zeros(1, np.int64), np.zeros(1), t1 - t0, acct)
+        if unseen:
+            self._book(self._run(t0, t1, np.zeros(1, np.int64), [(t1 - t0) * unseen], cause),
+                       None, acct)
 
     def _add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
                   acct: SweepAccount) -> None:

@@ -49,6 +49,7 @@ class JobPace:
         self.steady: tuple[float, int] | None = None  # see track_steady
         # the incarnations in the quorum when it last reached ``step`` (None: not known)
         self.rids: set[str] | None = None
+        self.swept_at: float | None = None  # the previous ingest's sweep (None: not known)
 
     @property
     def window(self) -> float:
@@ -62,15 +63,20 @@ class JobPace:
                rids: list[str | None] | None = None,
                seen: list[str | None] | None = None) -> bool:
         """True if the in-quorum groups' steps moved the job on, dated by ``step_at`` (the ranks'
-        clock, clamped between the last entry and ``now``). The step falling far, or with only
-        new incarnations left (``rids`` in the quorum, ``seen`` in the view): a relaunch."""
+        clock) if it falls after the previous sweep, else at ``now``. The step falling far, or
+        with only new incarnations left (``rids`` in the quorum, ``seen`` in the view): a
+        relaunch."""
         moved, at = False, now
+        prev, self.swept_at = self.swept_at, now
         if steps:
             s = max(steps)
             if self.step is not None and s > self.step:
                 moved = True
-                if step_at is not None and self.history:
-                    at = min(now, max(self.history[-1][0], step_at))
+                # a step the previous sweep did not see was committed after it: a date at or
+                # before it is a rank clock behind the monitor's (clamping to it would pile
+                # every later commit onto one instant), one after ``now`` a clock ahead
+                if step_at is not None and prev is not None and step_at > prev:
+                    at = min(now, step_at)
             if self.step is not None and s < self.step and (
                     s < self.step - JOB_RESTART_STEPS or self._relaunched(rids, seen)):
                 self.history.clear()  # started over (e.g. from a checkpoint)

@@ -13,7 +13,10 @@ same fault confirmed again (``_ingest_findings``), and an eviction with no findi
 an incarnation with an open incident not yet evicted is that incident's (``_ingest_evictions``);
 a fault confirmed during an eviction's recovery ends it (``_end_recoveries``), and a job down
 after a kill, not yet back, loses capacity on it (``_account_down``). And one of no behaviour:
-the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do."""
+the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do.
+And: a commit the ranks date at or before the previous sweep is dated at the sweep that saw it
+(``_ingest_job_step``), and the slots never seen are booked as one slice a sweep
+(``_account``, ``_account_down``, ``_account_gap``)."""
 
 from __future__ import annotations
 
@@ -310,8 +313,8 @@ class GoodputLedger:
                 moved = True
                 step_at = next(gv.step_at for g, gv in view.groups.items()
                                if g in in_quorum and gv.step == s)
-                if step_at is not None and self.job_history:
-                    at = min(now, max(self.job_history[-1][0], step_at))
+                if step_at is not None and self.last_at is not None and step_at > self.last_at:
+                    at = min(now, step_at)
             # every in-quorum group a new incarnation, and no group of the view an old one:
             # relaunched, however few steps back
             rids = [gv.replica_id for g, gv in view.groups.items() if g in in_quorum]
@@ -646,7 +649,8 @@ class GoodputLedger:
             self._badput(t0, now, g, cause, dt, self.groups[g].gpus, inc, acct)
         for _ in range(unseen):
             self._add(None, 0.0, dt, acct)
-            self._badput(t0, now, None, "startup" if startup else "capacity_lost", dt,
+        if unseen:
+            self._badput(t0, now, None, "startup" if startup else "capacity_lost", dt * unseen,
                          self._default_gpus(), None, acct)
         self.pace = _pace(self.job_history, self.window, b)
         self.slow_since = (self.slow_since or t0) if slow else None
@@ -705,7 +709,9 @@ class GoodputLedger:
                              own or inc, acct)
         for _ in range(unseen):  # never seen: no incident's
             self._add(None, 0.0, lost, acct)
-            self._badput(t0, t1, None, "capacity_lost", lost, self._default_gpus(), None, acct)
+        if unseen:
+            self._badput(t0, t1, None, "capacity_lost", lost * unseen, self._default_gpus(),
+                         None, acct)
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
         """Pending slow time since the last commit was the stall's beginning."""
@@ -723,12 +729,17 @@ class GoodputLedger:
         self.gaps += 1
         self.gap_s += dt
         b = self.baseline
-        for g in inside + outside + [None] * unseen:
+        for g in inside + outside:
             good = min(dt, deltas.get(g, 0) * b) if b is not None and g in in_quorum else 0.0
             self._add(g, good, dt, acct)
             if dt - good > 1e-9:
-                gpus = self.groups[g].gpus if g is not None else self._default_gpus()
-                self._badput(self.last_at, now, g, "unattributed", dt - good, gpus, None, acct)
+                self._badput(self.last_at, now, g, "unattributed", dt - good,
+                             self.groups[g].gpus, None, acct)
+        for _ in range(unseen):
+            self._add(None, 0.0, dt, acct)
+        if unseen:
+            self._badput(self.last_at, now, None, "unattributed", dt * unseen,
+                         self._default_gpus(), None, acct)
 
     def _key(self, g: int | None) -> str:
         return UNSEEN if g is None else str(g)
