@@ -2,6 +2,8 @@
 monitor/act/enforcer.py; docs/monitor.md, Several monitors): it polls and detects, tells no
 orphan to exit and no survivor to abort (the monitor that holds the slice does, once), and keeps
 its own host ledger, so that a quarantine is released at its TTL whoever holds the slice then.
+A holder whose lease may have lapsed acts on nothing either, but still fetches bundles; one
+etcd call that times out is asked again before the hold lapses (monitor/shard.py).
 
 Two monitors of shard 0/1 in this process on an in-memory etcd (``MemEtcd``,
 tests/test_shard_rails.py), simulated ranks (tests/support/monitor_sim.py) whose
@@ -18,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 import monitor.service
+import monitor.shard
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.lease import EtcdError, SessionLease
@@ -206,6 +209,121 @@ def test_a_holder_whose_lease_may_have_lapsed_tells_no_survivor_to_abort(tmp_pat
         _sweep(mon, times=2)
         assert mon.cluster_json()["shard"]["acting"] is True
         assert [len(r.aborts) for g in (0, 1, 2) for r in sim.group(g)] == [1] * 6
+    finally:
+        mon.stop()
+        sim.stop()
+
+
+class _Clock:
+    """``monitor.shard``'s time alone (its leases' holds and back-offs), moved by hand: a hold
+    lapses without waiting out the TTL, and nothing else in the process sees the jump."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+class _TimesOutOnce:
+    """``MemEtcd`` behind a hung etcd: once ``hang()`` is called, its next call times out."""
+
+    def __init__(self, etcd: MemEtcd) -> None:
+        self.etcd, self.hung, self.calls = etcd, False, 0
+
+    def hang(self) -> None:
+        self.hung = True
+
+    def __getattr__(self, name):
+        real = getattr(self.etcd, name)
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.hung:
+                self.hung = False
+                raise EtcdError("etcd did not answer within 5 s", timed_out=True)
+            return real(*args, **kwargs)
+        return call
+
+
+def _holder(tmp_path, sim: SimRanks, etcd, bundles: BundleConfig) -> Monitor:
+    """One monitor of shard 0/1 (``--lease-ttl 2``, sweeps a second apart) on ``etcd``."""
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "holder.sqlite"), targets=sim.urls, job="sim",
+        lighthouse="http://127.0.0.1:1", rank_exit_token=EXIT_TOKEN, bundles=bundles,
+        detectors=DetectorConfig(dead_sweeps=2), rails=RailsConfig(min_replicas=1, cooldown_s=0),
+        interval_s=1.0,
+        shard=ShardConfig(shards=1, index=0, etcd="http://127.0.0.1:1", etcd_prefix=PREFIX,
+                          lease_ttl_s=2)))
+    mon.lighthouse_reader.close()
+    mon.lighthouse_reader = _Reader()
+    mon.shard.etcd.close()
+    mon.shard.etcd, mon.shard.session = etcd, SessionLease(etcd, 2)
+    return mon
+
+
+def test_a_holder_whose_lease_may_have_lapsed_still_bundles_a_confirmed_hang(tmp_path,
+                                                                             monkeypatch):
+    """The holder loses etcd past --lease-ttl (it acts on nothing), then group 3 hangs: it
+    never asks for the next quorum while the others wait for it across groups. The hang's
+    confirmation bundle is still fetched (read-only; no other monitor may be there to):
+    ``GET /v1/incidents`` lists it with the finding."""
+    clock = _Clock()
+    monkeypatch.setattr(monitor.shard, "time", clock)
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    sim.probe_token = EXIT_TOKEN
+    etcd = MemEtcd()
+    mon = _holder(tmp_path, sim, etcd, BundleConfig(timeout_s=1.0))
+    try:
+        mon.sweep_once()
+        assert mon.cluster_json()["shard"]["acting"] is True
+        mon.shard.etcd = mon.shard.session.etcd = _Away()
+        clock.t += 3  # past the hold: another monitor may hold the slice by now
+        shard = mon.cluster_json()["shard"]
+        assert (shard["acting"], shard["standby"]) == (False, False), shard
+        for g in (0, 1, 2):
+            for r in sim.group(g):
+                r.update(phase="allreduce", timing={"waiting": {"scope": "cross", "seconds": 5.0}})
+        _sweep(mon, times=2)
+        [hang] = [f for f in mon.store.findings() if f["kind"] == "hang"]
+        assert hang["replica_group"] == 3, hang
+
+        def bundled() -> list:
+            return [(b["trigger"], b["kind"], b["replica_group"])
+                    for b in mon.incidents_json()["bundles"] if b["finding_id"] == hang["id"]]
+        _until(bundled, "the hang's confirmation bundle")
+        assert bundled() == [("confirm", "hang", 3)]
+        assert mon.cluster_json()["shard"]["acting"] is False  # still lapsed: it bundled anyway
+    finally:
+        mon.shard.etcd = mon.shard.session.etcd = etcd  # _Away cannot even be closed
+        mon.stop()
+        sim.stop()
+
+
+def test_a_timed_out_renewal_is_asked_again_before_the_hold_lapses(tmp_path, monkeypatch):
+    """etcd times out once, late in the hold (1.5 s into a 2 s lease): backing off a third of
+    the TTL would skip the next sweep's renewal and lapse a healthy holder. It asks again in
+    the next sweep, so it acts on without a gap, and reports no error once etcd answers."""
+    clock = _Clock()
+    monkeypatch.setattr(monitor.shard, "time", clock)
+    sim = SimRanks.start(GROUPS, groups=GROUPS)
+    etcd = _TimesOutOnce(MemEtcd())
+    mon = _holder(tmp_path, sim, etcd, BundleConfig(enabled=False))
+    try:
+        mon.sweep_once()  # renewed at t: held until t + 2
+        assert mon.cluster_json()["shard"]["acting"] is True
+        clock.t += 1.5
+        etcd.hang()
+        mon.sweep_once()
+        shard = mon.cluster_json()["shard"]
+        assert (shard["acting"], shard["error"]) == (True, "etcd did not answer within 5 s")
+        clock.t += 0.3  # the next sweep, before the hold's end
+        calls = etcd.calls
+        mon.sweep_once()
+        clock.t += 0.3  # past the first hold's end: renewed, it holds on
+        shard = mon.cluster_json()["shard"]
+        assert (shard["acting"], shard["error"], shard["standby"]) == (True, None, False), shard
+        assert etcd.calls > calls  # renewed in that sweep, not a third of the TTL later
     finally:
         mon.stop()
         sim.stop()
