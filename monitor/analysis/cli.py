@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from http_serving import printable
 
 from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
-from .torchft_dumps import SeveralJobs, pick, quorum_folders
+from .torchft_dumps import SeveralJobs, holds_files, pick, quorum_folders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-rank dump files or directories of them (JSON or pickle), a monitor's incident bundle "
                         "(<id>.tar.gz), or torchft's per-quorum dump folders (TORCH_FR_DUMP_TEMP_FILE's value or their parent)")
     parser.add_argument("--quorum", type=int, default=None, metavar="ID",
-                        help="of torchft's per-quorum folders, read this quorum's (default: the newest)")
+                        help="of torchft's per-quorum folders, read this quorum's (default: the newest holding a dump)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--blame-missing", action="store_true",
                         help="count group members without a dump as never having arrived (default: report them as unknown)")
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             e["error"] = e["error"].replace(str(Path(b.fr_dir)) + "/", f"{b.source}: {FR_DIR}/")
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = inputs.errors + loaded.errors + result.errors
-    notes = list(loaded.notes)
+    notes = inputs.notes + loaded.notes
     if args.jobs is not None and args.jobs > max_workers():  # more only add start-up and memory
         notes.append(f"--jobs {args.jobs}: at most {max_workers()} worker processes start "
                      f"({JOBS_PER_CORE} per available core, of {available_cores()})")
@@ -109,6 +109,7 @@ class Inputs:
     bundles: list[OpenedBundle] = field(default_factory=list)
     quorums: list[dict[str, Any]] = field(default_factory=list)  # torchft folders: read and not
     errors: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # which quorum was read, where not the newest
 
 
 def expand(paths: list[str], quorum: int | None = None) -> Inputs:
@@ -154,9 +155,18 @@ def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
         out.errors.append({"path": raw, "error": f"no torchft folder of quorum {quorum} (found {sorted(folders)})"})
         return
     beside = [p for p in Path(raw).iterdir() if p.is_file() and not p.name.startswith(".")] if Path(raw).is_dir() else []
+    empty = quorum is None and not holds_files(got[1])  # then none holds one: nothing is read
     for q in sorted(folders):
-        out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0]})
-    out.paths.append(str(got[1]))
+        out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0] and not empty})
+    newer = sorted(q for q in folders if q > got[0])
+    if empty:
+        out.errors.append({"path": raw, "error": f"none of its {len(folders)} torchft quorum folders (quorum "
+                           f"{_span(sorted(folders))}) holds a dump file"})
+    else:
+        out.paths.append(str(got[1]))
+        if quorum is None and newer:
+            out.notes.append(f"{raw}: read torchft quorum {got[0]}, the newest holding a dump: the folders of "
+                             f"quorum {_span(newer)} hold none (torchft makes one at every quorum)")
     if beside:
         out.errors.append({"path": raw, "error": f"{len(beside)} file(s) beside its torchft quorum folders "
                            "not read (name them to read them)"})
@@ -200,10 +210,11 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"note: {note}")
     findings = report["findings"]
     if report["ranks"]:
-        from .engine import NOTHING_RECORDED
+        from .engine import NOTHING_KEPT, NOTHING_RECORDED
 
         # "no findings" would read as a healthy job
-        empty = "nothing compared" if NOTHING_RECORDED in report.get("notes", []) else "no findings"
+        notes = report.get("notes", [])
+        empty = "nothing compared" if NOTHING_RECORDED in notes or NOTHING_KEPT in notes else "no findings"
         lines.append(f"{len(findings)} finding(s)" if findings else empty)
     for f in findings:
         lines.append("")

@@ -28,6 +28,7 @@ from .model import (
     combine,
     looks_nccl,
     make_signature,
+    status_fields,
 )
 from .wire import Packed, pack_group, single_type
 
@@ -129,7 +130,8 @@ def _header(dump: Any, rank: int | None) -> tuple[RankTrace, _Keys]:
     host = dump.get("host")
     trace = RankTrace(rank=own_rank, flavour="gloo", host=str(host) if host else None, oldest_record_id=None,
                       signatures=[], groups={}, members=members, incarnations=incarnations, last_entry=None,
-                      is_torchft=bool(raw_incarnations), dump_time_ns=_int_or_none(dump.get("dump_time_ns")))
+                      is_torchft=bool(raw_incarnations), dump_time_ns=_int_or_none(dump.get("dump_time_ns")),
+                      **status_fields(dump))
     return trace, _Keys(scope, by_pg_id, ranged)
 
 

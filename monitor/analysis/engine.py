@@ -27,6 +27,10 @@ UNCHECKED = {
 NOTHING_RECORDED = ("no collective recorded in any dump: Flight Recorder off? set TORCH_FR_BUFFER_SIZE "
                     "(older torch: TORCH_NCCL_TRACE_BUFFER_SIZE) to the entries to keep, e.g. 2000; "
                     "nothing was compared")
+# Dumps that hold no entry though their pg_status counts collectives enqueued.
+NOTHING_KEPT = ("no collective entry in any dump, though their pg_status counts collectives enqueued: dumped "
+                "with onlyActive (unfinished collectives only), or Flight Recorder's buffer is 0 (set "
+                "TORCH_FR_BUFFER_SIZE)? nothing was compared")
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
@@ -70,7 +74,9 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     findings.extend(stragglers)
     findings.sort(key=lambda f: f.sort_key())
     lags.sort(key=lambda f: f.sort_key())
-    notes = [NOTHING_RECORDED] if nothing_recorded(traces) else []
+    notes = []
+    if nothing_recorded(traces):
+        notes.append(NOTHING_KEPT if any(t.status_enqueued for t in traces.values()) else NOTHING_RECORDED)
     for why, groups in evidence.unchecked.items():
         if groups:
             groups = sorted(groups, key=GroupKey.order)
@@ -348,13 +354,29 @@ def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
         first = trace.incarnations.get(key)
         if first is not None:
             # nothing of this incarnation retained: fine if the buffer reaches back to its start
-            return 0 if trace.oldest_record_id is None or trace.oldest_record_id <= first else None
+            covers = trace.oldest_record_id is None or trace.oldest_record_id <= first
+            return 0 if covers and _holds_all(trace, key) else None
         if trace.is_torchft:
             joined = [k.quorum_id for k in trace.incarnations if _slot(k) == _slot(key)]
             if not joined or max(joined) < key.quorum_id:  # type: ignore[operator]
                 return 0  # it has not reached this quorum yet
         return None
-    return None if trace.wrapped else 0
+    status = trace.enqueued.get(key.pg)
+    if status is not None:  # NCCL's own count: its entries left out (onlyActive) or not
+        return max(status, 0)
+    return None if trace.wrapped or not _holds_all(trace, key) else 0
+
+
+def _holds_all(trace: RankTrace, key: GroupKey) -> bool:
+    """Whether the dump would hold the group's entries had the rank enqueued any since its
+    oldest entry: not where a filter left the group out, nor where pg_status counts collectives
+    the entries leave out (onlyActive keeps unfinished ones only; none kept at all)."""
+    if trace.kept_pg is not None:  # ?pg=: a filtered dump's groups are only the one it names
+        pg = trace.kept_pg
+        return key.pg == pg or (pg == "torchft" and (key.quorum_id is not None or is_torchft_pg_name(key.pg)))
+    if trace.oldest_record_id is None:
+        return not trace.status_enqueued
+    return not trace.status_completed or any(COMPLETED in g.states for g in trace.groups.values())
 
 
 def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int | None],
@@ -377,24 +399,39 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
     seq = behind + 1
     culprits = sorted(r for r, s in known.items() if s == behind)
     waiting = sorted(r for r, s in known.items() if s >= seq)
+    if all(r in traces and r not in rows for r in waiting):
+        # only pg_status counts put them past seq: read at other moments than the laggards',
+        # and a rank waiting in seq keeps it among its entries, even in an onlyActive dump
+        return None
     op = None
+    held = False  # some waiting rank's dump holds seq
     seen = [r for r in waiting if r in rows]  # --blame-missing: a rank without a dump has none
     for r in seen:
         t = rows[r]
         i = seq - t.first_seq
+        # seq or a later one completed, so everyone enqueued seq (NCCL completes them in order):
+        # the laggards' dumps are older, or theirs is another group of that name (a restart)
+        if COMPLETED in t.states[max(i, 0):]:
+            return None
         if 0 <= i < len(t.sigs):
-            if t.states[i] == COMPLETED:
-                return None  # it completed, so everyone joined: the laggards' dumps are older
+            held = True
             if op is None and t.sigs[i] is not None:
                 op = signatures[t.sigs[i]].op
     ages = [_pending_for(traces.get(r), rows[r], seq) for r in seen]
     if ages and all(a is not None for a in ages) and max(ages) < MIN_PENDING_S:
         return None  # enqueued just before the dumps were taken: in flight, not (yet) hung
     activity = {r: (traces[r].last_entry if r in traces else None) for r in known}
-    detail = (
-        f"group {key.label()}: rank(s) {_ranks(culprits)} never enqueued collective seq {seq}"
-        f"{' (' + op + ')' if op else ''} that rank(s) {_ranks(waiting)} enqueued and wait in"
-    )
+    if held:
+        detail = (
+            f"group {key.label()}: rank(s) {_ranks(culprits)} never enqueued collective seq {seq}"
+            f"{' (' + op + ')' if op else ''} that rank(s) {_ranks(waiting)} enqueued and wait in"
+        )
+    else:  # what the others wait in, if anything, is not in their dumps
+        detail = (
+            f"group {key.label()}: rank(s) {_ranks(culprits)} stopped at collective seq {behind} while "
+            f"rank(s) {_ranks(waiting)} went on to seq {newest}; no dump holds seq {seq}, so what they "
+            "wait in (if anything) is not shown"
+        )
     if unknown:
         detail += f"; no evidence from rank(s) {_ranks(unknown)}"
     return HangFinding(kind="hang", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,

@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import re
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,9 @@ try:  # the C reader: an optional build (no compiler at install time: Python rea
 except ImportError:
     _frpickle = None  # type: ignore[assignment]
 
-# refusals Python's unpickler must not see either: it would grow its memo to that index (GBs)
-_NEVER_PICKLED = frozenset({"memo index out of range"})
+_MEMO_RANGE = "memo index out of range"
+# refusals said at once: the Python path would refuse them too, more slowly
+_NEVER_PICKLED = frozenset({_MEMO_RANGE})
 
 PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"  # "1": Python's unpickler reads every pickle
 
@@ -46,9 +48,47 @@ class LoadResult:
     pickle_reader: str = "python"  # which reader read the pickles: pickle_reader()
 
 
-class _DataOnlyUnpickler(pickle.Unpickler):
+class _DataOnlyUnpickler(pickle._Unpickler):
+    """Python's own unpickler, not the C one: its memo is a dict, where the C one grows an array
+    to the highest memo index a file names (11 bytes can ask for gigabytes). It reads what the
+    C reader does not (odd files, or a build without it), so its speed matters less."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file: Any, size: int) -> None:
+        super().__init__(file)
+        self._in, self._size = file, size
+
+    def load(self) -> Any:
+        try:
+            return super().load()
+        except (IndexError, struct.error, ValueError) as exc:
+            # an opcode's argument cut short: said as the C unpickler says it
+            if self._in.tell() >= self._size:
+                raise EOFError("Ran out of input") from exc
+            raise pickle.UnpicklingError(str(exc) or type(exc).__name__) from exc
+
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a dump holds plain data only")
+
+    def _memo_put(self, index: int) -> None:
+        # the C reader's bound too: a pickler numbers its memo from 0, one per value it wrote
+        if index < 0 or index > self._size:
+            raise pickle.UnpicklingError(f"{_MEMO_RANGE}: not a pickle any pickler writes")
+        self.memo[index] = self.stack[-1]
+
+    def _put(self) -> None:
+        self._memo_put(int(self.readline()[:-1]))
+
+    def _binput(self) -> None:
+        self._memo_put(self.read(1)[0])
+
+    def _long_binput(self) -> None:
+        self._memo_put(struct.unpack("<I", self.read(4))[0])
+
+    dispatch[pickle.PUT[0]] = _put
+    dispatch[pickle.BINPUT[0]] = _binput
+    dispatch[pickle.LONG_BINPUT[0]] = _long_binput
 
 
 def read_dump(path: str | Path) -> Any:
@@ -57,8 +97,7 @@ def read_dump(path: str | Path) -> Any:
     be decoded."""
     with open(path, "rb") as f:
         if f.peek(1)[:1] == b"\x80":
-            # from the buffered file: protocol 2 has no frames, a BytesIO is read opcode by opcode
-            return _DataOnlyUnpickler(f).load()
+            return _DataOnlyUnpickler(f, os.fstat(f.fileno()).st_size).load()
         data = f.read()
     if data.lstrip()[:1] in (b"{", b"["):
         return json.loads(data)
@@ -100,7 +139,8 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], notes
                 errors.append({"path": str(path), "error": "no dump file here" + (
                     f" named {prefix}*" if prefix is not None else "")})
                 continue
-            elif len(jobs := _prefixes(found)) > 1:
+            # a job's logs beside its dumps (train_rank0.log) name no job: only dump-like files do
+            elif len(jobs := _prefixes(found)) > 1 and len(jobs := _prefixes(list(filter(_dump_like, found)))) > 1:
                 if _overlap(jobs):  # two jobs' rank 0s: neither is "the" rank 0
                     named = ", ".join(f"{name!r} ({len(ranks)} files)" for name, ranks in jobs.items())
                     errors.append({"path": str(path), "error": f"dumps of {len(jobs)} jobs by their "
@@ -135,6 +175,16 @@ def _prefixes(files: list[Path]) -> dict[str, list[int]]:
         if match:
             found.setdefault(p.name[:match.start()], []).append(int(match.group(1)))
     return {name: ranks for name, ranks in found.items() if len(ranks) > 1}
+
+
+def _dump_like(path: Path) -> bool:
+    """Whether the file begins as a dump does (a pickle, JSON) or as a packed one (gzip, tar)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(262)
+    except OSError:
+        return True  # said when read; counted here, as before
+    return head.lstrip()[:1] in (b"\x80", b"{", b"[") or head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar"
 
 
 def _overlap(jobs: dict[str, list[int]]) -> bool:

@@ -100,11 +100,50 @@ class RankTrace:
     last_entry: dict[str, Any] | None  # the newest entry: what the rank was last doing
     is_torchft: bool = False
     dump_time_ns: int | None = None  # when the dump was taken, its own clock (the WorkerServer's)
+    # pg_status (:func:`status_fields`): NCCL's last enqueued sequence id by group name, where
+    # its keys (pg ids) are pg_config's names; whether it shows any collective enqueued, and
+    # (NCCL) completed
+    enqueued: dict[str, int] = field(default_factory=dict)
+    status_enqueued: bool = False
+    status_completed: bool = False
+    kept_pg: str | None = None  # a filtered dump's ``filter.pg``: only that group's entries kept
 
     @property
     def wrapped(self) -> bool:
         # record ids start at 0 per process
         return bool(self.oldest_record_id)
+
+
+def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`RankTrace`'s fields read from a dump's ``pg_status`` and ``filter``. pg_status is
+    keyed by pg id: read by group name only where those ids are pg_config's names (NCCL names
+    its groups by a count of them), and only on NCCL (``comm_lib_version``): gloo's counts
+    more than the collectives it records."""
+    status = dump.get("pg_status")
+    last: dict[str, int] = {}
+    completed = False
+    if isinstance(status, Mapping):
+        for key, st in status.items():
+            if isinstance(st, Mapping):
+                if (n := _count(st.get("last_enqueued_collective"))) is not None:
+                    last[str(key)] = n
+                completed = completed or (_count(st.get("last_completed_collective")) or 0) > 0
+    nccl = isinstance(lib := dump.get("comm_lib_version"), str) and bool(lib)
+    config = dump.get("pg_config")
+    names = {str(c.get("name", k)) if isinstance(c, Mapping) else str(k) for k, c in config.items()} \
+        if isinstance(config, Mapping) else set()
+    filt = dump.get("filter")
+    kept = filt.get("pg") if isinstance(filt, Mapping) else None
+    return {"enqueued": last if nccl and last and set(last) == names else {},
+            "status_enqueued": any(n > 0 for n in last.values()), "status_completed": nccl and completed,
+            "kept_pg": None if kept is None else str(kept)}
+
+
+def _count(raw: Any) -> int | None:
+    # torch writes them as strings in JSON, as ints in pickles
+    if isinstance(raw, str) and raw.lstrip("-").isdigit():
+        return int(raw)
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
 
 def looks_nccl(first: Mapping[str, Any], last: Mapping[str, Any]) -> bool:

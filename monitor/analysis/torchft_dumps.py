@@ -2,8 +2,8 @@
 
 torchft's Manager points ``TORCH_FR_DUMP_TEMP_FILE`` at ``<value>_quorum_<quorum_id>/<global_rank>``
 at every new quorum, so a dump lands in the folder of the quorum it happened in. Quorums are
-different incarnations of torchft's group: ``lightkeeper analyze`` reads one, the newest unless told
-(docs/analyze.md).
+different incarnations of torchft's group: ``lightkeeper analyze`` reads one, the newest holding a
+dump unless told (docs/analyze.md).
 """
 
 from __future__ import annotations
@@ -52,8 +52,19 @@ def _by_prefix(parent: Path) -> dict[str, dict[int, Path]]:
 
 
 def pick(folders: dict[int, Path], quorum: int | None) -> tuple[int, Path] | None:
-    """The folder of ``quorum``, else the newest quorum's; None when ``quorum`` is not there."""
+    """The folder of ``quorum``, else the newest quorum's holding a file (the newest when none
+    does); None when ``quorum`` is not there. The Manager makes a folder at every quorum and a
+    dump lands only where a collective failed, so the newest is normally empty."""
     if quorum is None:
-        q = max(folders)
+        q = next((q for q in sorted(folders, reverse=True) if holds_files(folders[q])), max(folders))
         return q, folders[q]
     return (quorum, folders[quorum]) if quorum in folders else None
+
+
+def holds_files(folder: Path) -> bool:
+    """Whether ``folder`` holds a file the loader would read (a name not starting with ``.``);
+    True when it cannot be listed: reading it says why."""
+    try:
+        return any(p.is_file() and not p.name.startswith(".") for p in folder.iterdir())
+    except OSError:
+        return True
