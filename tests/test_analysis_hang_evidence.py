@@ -107,6 +107,16 @@ def test_an_only_active_dump_without_entries_testifies_by_pg_status():
     assert result.last_seq[GroupKey("0")] == {0: 8, 1: 8}
 
 
+def test_a_pg_status_count_alone_never_blames_a_rank():
+    # NCCL counts a group's send/recv in last_enqueued_collective when its last work was one
+    # (seqP2P): rank 1's 7 is no collective's seq, so it is not "stopped at seq 7"
+    behind = _active_dump([])
+    behind["pg_status"]["1"] = {"last_completed_collective": "7", "last_enqueued_collective": "7",
+                                "last_started_collective": "7"}
+    result = analyze({0: _active_dump([_stuck_entry()]), 1: behind})
+    assert [f.kind for f in result.findings] == []
+
+
 def test_a_gloo_dump_without_entries_testifies_nothing():
     # gloo's pg_status counts more than the collectives it records: not a count of seq ids, but
     # it shows the rank did enqueue work, so no entry is no "enqueued none"
