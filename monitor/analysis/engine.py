@@ -399,7 +399,8 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
     seq = behind + 1
     culprits = sorted(r for r, s in known.items() if s == behind)
     waiting = sorted(r for r, s in known.items() if s >= seq)
-    if all(r in traces and r not in rows for r in culprits):
+    if all(r not in rows and r in traces and key.quorum_id is None
+           and traces[r].enqueued.get(key.pg) is not None for r in culprits):
         # a pg_status count alone never blames: NCCL counts a group's send/recv there too when
         # its last work was one (seqP2P), so the number may not be a collective's at all
         return None
