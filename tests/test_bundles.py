@@ -108,6 +108,27 @@ def test_manifest_names_what_could_not_be_fetched_and_the_wait_is_bounded(tmp_pa
         sim.stop()
 
 
+def test_a_rank_dumping_for_someone_else_is_asked_again_within_the_timeout(tmp_path):
+    """A rank's WorkerServer answers 503 while it dumps for another client (a sweep's fetch):
+    the bundle asks it once more, within the fetch timeout, and keeps its dump."""
+    sim = SimRanks.start(2)
+    dumps = hang_dumps(2, absent=1)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    view = view_of(sim)
+    sim.ranks[1].set_mode("fr_busy_once")
+    bundles, store = bundles_for(tmp_path, timeout_s=2.0)
+    try:
+        got = bundles.capture("evict", view, view, finding(1, [1]), 7,
+                              {"id": 1, "decision": "evict", "status": "sending"}, [])
+        m = json.loads(members(bundles.store.path(got["id"]))["manifest.json"])
+        assert {r["rank"]: r["fr_trace"] for r in m["ranks"]} == {0: "ok", 1: "ok"}
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+
+
 class _TracebackServer:
     """Answers ``POST`` with a traceback's text, as torch's ``dump_traceback`` handler does."""
 

@@ -36,6 +36,7 @@ from ..store import Store
 log = logging.getLogger(__name__)
 
 MAX_STACKS_BYTES = 4 << 20  # a rank's stacks are KB; past this, not parsed before the kill
+BUSY_RETRY_S = 0.3  # a rank dumping for someone else (503) is asked again this much later
 
 CONFIRM_KINDS = ("hang", "mismatch", "network")  # bundled when confirmed, evicted or not
 _ENCODE = msgspec.json.Encoder()
@@ -469,9 +470,23 @@ class Bundles:
         index = {k: i for i, k in enumerate(dict.fromkeys((a[2], a[3]) for a in asks))}
         urls = [u for u, _ in index]
         form = {index[(a[2], a[3])]: a[4] for a in asks}
+        queries = [q for _, q in index]
         rows: list[tuple] = []
+        t0 = time.monotonic()
         self._get_poller().sweep(urls, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
-                                 on_rows=rows.extend, queries=[q for _, q in index])
+                                 on_rows=rows.extend, queries=queries)
+        # 503: the rank was dumping for someone else (a sweep's fetch): asked once more, soon,
+        # within the timeout; a dump taken meanwhile is usually done in well under that
+        busy = [r[0] for r in rows if r[5] == 503]
+        left = self.bc.timeout_s - (time.monotonic() - t0) - BUSY_RETRY_S
+        if busy and left > 0:
+            time.sleep(BUSY_RETRY_S)
+            again: list[tuple] = []
+            self._get_poller().sweep([urls[i] for i in busy], "", left, self.cfg.max_fr_bytes,
+                                     on_rows=again.extend,
+                                     queries=[queries[i] for i in busy])
+            answered = {busy[r[0]]: (busy[r[0]], *r[1:]) for r in again}
+            rows = [answered.get(r[0], r) for r in rows]
         got: dict[int, tuple[bytes | None, str]] = {}
         for i, ok, body, reason, error, _status, latency, _at in rows:
             if not ok:

@@ -229,6 +229,9 @@ class SimRank:
                 doc = {**self.state, "step": "100", "quorum_id": None, "phase": 7,
                        "replica_group": [1]}
             return "200 OK", "application/json", json.dumps(doc).encode()
+        if mode == "fr_busy_once" and path == "/v1/fr_trace":  # dumping for someone else
+            self.mode = "ok"
+            return "503 Service Unavailable", "application/json", b'{"error": "busy"}'
         if path == "/v1/fr_trace" and self.fr is not None:  # bytes: served as they are
             return "200 OK", "application/json", self.fr if isinstance(self.fr, bytes) \
                 else json.dumps(self.fr).encode()
