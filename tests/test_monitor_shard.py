@@ -371,6 +371,25 @@ def test_a_second_monitor_with_the_same_shard_stands_by_until_the_first_goes(tmp
         job.stop()
 
 
+class _EtcdAway:
+    """An etcd of the test's own, on one data dir and ports, that can go away and come back."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.data, self.client, self.peer = tmp_path / "etcd", free_port(), free_port()
+        self.data.mkdir()
+        self.url = f"http://127.0.0.1:{self.client}"
+        self.proc = start_etcd(self.data, self.client, self.peer)
+
+    def away(self) -> None:
+        stop_process(self.proc, grace=5.0)
+
+    def back(self) -> None:
+        self.proc = start_etcd(self.data, self.client, self.peer)
+
+    def close(self) -> None:
+        stop_process(self.proc, grace=2.0)
+
+
 def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
     """etcd goes away, the shard restarts (its finding stands again before etcd is back), etcd
     comes back: the proposal of the shard's earlier run, which the leader would hold forever as
@@ -381,17 +400,15 @@ def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
     from tests.support.monitor_sim import SimJob
 
     caplog.set_level(logging.WARNING, logger="monitor.shard")
-    data, client, peer = tmp_path / "etcd", free_port(), free_port()
-    data.mkdir()
-    url = f"http://127.0.0.1:{client}"
-    etcd_proc = start_etcd(data, client, peer)
+    etcd = _EtcdAway(tmp_path)
+    url = etcd.url
     job = SimJob(4, ranks_per_group=2)
     prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
     mon = None
     try:
         mon, x, key = _dead_rank_proposed(tmp_path, job, url, prefix)
         mon.stop()
-        stop_process(etcd_proc, grace=5.0)
+        etcd.away()
         caplog.clear()
         mon = _shard0(tmp_path, job, url, prefix)
         wait_until(lambda: _dead_rank_open(mon, x), 20, what="the dead rank found again")
@@ -400,7 +417,7 @@ def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
         away = [r.getMessage() for r in caplog.records if "cannot report" in r.getMessage()]
         assert len(away) == 1, away
         assert mon.cluster_json()["shard"]["error"].endswith("unreachable: ConnectionError")
-        etcd_proc = start_etcd(data, client, peer)
+        etcd.back()
         wait_until(lambda: _proposer(url, key) == mon.url, 20,
                    what="this run's proposal in place of the earlier run's")
         assert any(d["decision"] == "withdrawn" and "earlier run" in d["detail"]
@@ -409,7 +426,7 @@ def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
         if mon is not None:
             mon.stop()
         job.stop()
-        stop_process(etcd_proc, grace=2.0)
+        etcd.close()
 
 
 def test_a_holder_cut_off_from_etcd_past_its_lease_acts_on_nothing_until_etcd_answers(
@@ -422,10 +439,8 @@ def test_a_holder_cut_off_from_etcd_past_its_lease_acts_on_nothing_until_etcd_an
     from tests.support.monitor_sim import SimJob
 
     caplog.set_level(logging.WARNING, logger="monitor.shard")
-    data, client, peer = tmp_path / "etcd", free_port(), free_port()
-    data.mkdir()
-    url = f"http://127.0.0.1:{client}"
-    etcd_proc = start_etcd(data, client, peer)
+    etcd = _EtcdAway(tmp_path)
+    url = etcd.url
     job = SimJob(4, ranks_per_group=2)
     prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
     mon = None
@@ -436,20 +451,20 @@ def test_a_holder_cut_off_from_etcd_past_its_lease_acts_on_nothing_until_etcd_an
     try:
         mon = _shard0(tmp_path, job, url, prefix)
         wait_until(lambda: shard()["acting"], 20, what="the shard holding its slice")
-        stop_process(etcd_proc, grace=5.0)
+        etcd.away()
         wait_until(lambda: not shard()["acting"], 20, what="the holder standing down")
         assert shard()["error"] and not shard()["standby"]  # not another's: its own lease
         n = mon.sweeps
         wait_until(lambda: mon.sweeps >= n + 5, 10, what="more sweeps without etcd")
         lapsed = [r.getMessage() for r in caplog.records if "may have lapsed" in r.getMessage()]
         assert len(lapsed) == 1, lapsed
-        etcd_proc = start_etcd(data, client, peer)
+        etcd.back()
         wait_until(lambda: shard()["acting"], 20, what="the shard acting again")
     finally:
         if mon is not None:
             mon.stop()
         job.stop()
-        stop_process(etcd_proc, grace=2.0)
+        etcd.close()
 
 
 def _etcd_txns(etcd_url: str) -> int:
