@@ -28,6 +28,16 @@ def _wait_for_quorum(job, waiting_s: float, now: float) -> None:
                  timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": waiting_s}})
 
 
+def _reached_stall(d, reached: str) -> None:
+    """Every rank blocked in the allreduce with the Lighthouse unreadable by the monitor but
+    shown reached by the ranks (``reached`` in the summary): a network job_stall."""
+    d.train.stall(4.0, d.clock.t)
+    d.sweeps(2, steps=0)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_stall" and f.evidence["lighthouse_unreadable"] is True
+    assert "network fault" in f.evidence["summary"] and reached in f.evidence["summary"]
+
+
 @pytest.mark.parametrize("job,phase", [(2, "allreduce"), (2, "quorum"), (1, "quorum")],
                          indirect=["job"])
 def test_a_stall_while_the_lighthouse_is_down_names_the_lighthouse_not_the_network(tmp_path, job,
@@ -117,12 +127,7 @@ def test_a_quorum_wait_after_steps_committed_while_the_lighthouse_is_unreadable_
         assert d.mon.detectors.job_findings() == []
         assert not d.mon.detectors.probes_wanted()
         assert d.mon.last_sweep_error is None and d.mon.detectors.last_error is None
-        d.train.stall(4.0, d.clock.t)  # every rank blocked in the allreduce itself
-        d.sweeps(2, steps=0)
-        (f,) = d.mon.detectors.job_findings()
-        assert f.kind == "job_stall" and f.evidence["lighthouse_unreadable"] is True
-        assert "network fault" in f.evidence["summary"]
-        assert "the ranks reach it" in f.evidence["summary"]
+        _reached_stall(d, "the ranks reach it")  # every rank blocked in the allreduce itself
     finally:
         d.mon.stop()
 
@@ -191,12 +196,7 @@ def test_a_second_quorum_during_the_outage_shows_the_ranks_reach_the_lighthouse(
         d.sweep(steps=1)
         for r in job.sim.ranks:
             r.update(quorum_id=q + 2)
-        d.train.stall(4.0, d.clock.t)
-        d.sweeps(2, steps=0)
-        (f,) = d.mon.detectors.job_findings()
-        assert f.kind == "job_stall" and f.evidence["lighthouse_unreadable"] is True
-        assert "network fault" in f.evidence["summary"]
-        assert "a new quorum formed since: the ranks reach it" in f.evidence["summary"]
+        _reached_stall(d, "a new quorum formed since: the ranks reach it")
     finally:
         d.mon.stop()
 

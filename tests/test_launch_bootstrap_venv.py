@@ -106,6 +106,15 @@ def stub_pip(root: Path, site: Path) -> None:
     (site / "pip/__main__.py").write_text(stub_pip_main(root))
 
 
+def adds_stub_pip(root: Path, site: Path) -> str:
+    """Python source that does :func:`stub_pip`: what a stand-in ensurepip or wheel runs."""
+    return ("from pathlib import Path\n"
+            f"pip = Path({str(site)!r}) / 'pip'\n"
+            "pip.mkdir()\n"
+            "(pip / '__init__.py').write_text('')\n"
+            f"(pip / '__main__.py').write_text({stub_pip_main(root)!r})\n")
+
+
 def venv_without_pip(at: Path) -> Path:
     subprocess.run(["rm", "-rf", str(at)], check=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(at)], check=True,
@@ -182,10 +191,7 @@ def test_a_venv_whose_python_lacks_ensurepip_gets_pip_from_the_bundled_wheel(tmp
     wheel = bundled_wheel(stand_in, (
         "import sys\nfrom pathlib import Path\n"
         f"Path({str(root / 'wheel.log')!r}).write_text(' '.join(sys.argv[1:]))\n"
-        f"pip = Path({str(site)!r}) / 'pip'\n"
-        "pip.mkdir()\n"
-        "(pip / '__init__.py').write_text('')\n"
-        f"(pip / '__main__.py').write_text({stub_pip_main(root)!r})\n"))
+        + adds_stub_pip(root, site)))
     done = bootstrap(root, PYTHONPATH=stand_in)
     assert done.returncode == 0, done.stderr
     assert "rebuilding" not in done.stderr and rebuilds(root) == 0, done.stderr
@@ -205,12 +211,7 @@ def test_a_venv_made_without_pip_gets_it_from_ensurepip_and_keeps_its_packages(t
     site = site_packages(venv_without_pip(root / ".venv"))
     (site / "kept-by-the-user").write_text("")
     # the stand-in leaves the stub pip where the real one leaves pip
-    adds_pip = ensurepip(tmp_path, (
-        "from pathlib import Path\n"
-        f"pip = Path({str(site)!r}) / 'pip'\n"
-        "pip.mkdir()\n"
-        "(pip / '__init__.py').write_text('')\n"
-        f"(pip / '__main__.py').write_text({stub_pip_main(root)!r})\n"))
+    adds_pip = ensurepip(tmp_path, adds_stub_pip(root, site))
     done = bootstrap(root, PYTHONPATH=adds_pip)
     assert done.returncode == 0, done.stderr
     assert "rebuilding" not in done.stderr and rebuilds(root) == 0, done.stderr
