@@ -19,12 +19,7 @@ import pytest
 
 from lightkeeper import demo as demo_mod
 from lightkeeper.fabric import NETNS_RUN, Fabric
-
-
-def _args(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    demo_mod.add_arguments(p)
-    return p.parse_args(list(argv))
+from tests.support.demo import demo_args
 
 
 @pytest.fixture
@@ -36,7 +31,7 @@ def demo_run(monkeypatch):
 
     def with_run(fake):
         monkeypatch.setattr(demo_mod, "_run", fake)
-        return demo_mod.run(_args("--no-faults"))
+        return demo_mod.run(demo_args("--no-faults"))
 
     return with_run
 
@@ -123,7 +118,7 @@ def _piped_run(state, monkeypatch, piped: bool = True) -> int:
     """Run with fd 1 (and ``sys.stdout``, which pytest swaps in for each test phase) a pipe,
     or as pytest left it."""
     if not piped:
-        return demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir",
+        return demo_mod.run(demo_args("--no-faults", "--hosts", "loopback", "--report-dir",
                                   str(state.dir)))
     r, w = os.pipe()
     os.dup2(w, 1)
@@ -132,7 +127,7 @@ def _piped_run(state, monkeypatch, piped: bool = True) -> int:
     out = open(1, "w", closefd=False)  # noqa: SIM115 - closed below, its fd restored
     monkeypatch.setattr("sys.stdout", out)
     try:
-        return demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir",
+        return demo_mod.run(demo_args("--no-faults", "--hosts", "loopback", "--report-dir",
                                   str(state.dir)))
     finally:
         with contextlib.suppress(OSError):

@@ -13,11 +13,12 @@ import sys
 import pytest
 
 from lightkeeper.cluster import Host, HostPool, loopback_hosts
-from lightkeeper.demo import Demo, add_arguments
+from lightkeeper.demo import Demo
 from lightkeeper.faulttrack import FaultTrack, Observation
 from lightkeeper.report import host_state
 from lightkeeper.report_text import story_lines
 from lightkeeper.scenario import Scenario
+from tests.support.demo import demo_args
 
 
 def test_loopback_hosts_each_have_their_own_address():
@@ -65,12 +66,6 @@ def test_a_pool_refuses_duplicate_or_too_few_hosts():
         HostPool(loopback_hosts(2), groups=3)
 
 
-def _args(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return p.parse_args(list(argv))
-
-
 NO_QUARANTINE = "hang=0,mismatch=0,dead_rank=0,straggler=0,network=0,dead=0"
 
 
@@ -84,7 +79,7 @@ NO_QUARANTINE = "hang=0,mismatch=0,dead_rank=0,straggler=0,network=0,dead=0"
     (("--one-host",), ["--quarantine-after", NO_QUARANTINE]),
 ])
 def test_the_monitor_quarantines_with_a_cap_of_the_spare_hosts(tmp_path, argv, flags):
-    demo = Demo(_args(*argv), Scenario(), tmp_path)
+    demo = Demo(demo_args(*argv), Scenario(), tmp_path)
     assert demo.quarantine_args() == flags
     if "--one-host" in argv:
         assert demo.pool is None
@@ -178,7 +173,7 @@ class _Cluster:
 
 
 def test_the_supervisor_restarts_off_a_quarantined_host_and_waits_when_none_is_free(tmp_path):
-    demo = Demo(_args("--spare-hosts", "1"), Scenario(), tmp_path)
+    demo = Demo(demo_args("--spare-hosts", "1"), Scenario(), tmp_path)
     demo.cluster = _Cluster(3)
     demo.cluster.groups[0] = demo.cluster.groups[1] = argparse.Namespace(alive=lambda: True)
     demo.hosts_view = {"quarantined": ["node-2"]}
@@ -202,7 +197,7 @@ def test_the_supervisor_restarts_off_a_quarantined_host_and_waits_when_none_is_f
 
 
 def test_one_host_restarts_in_place_with_no_host_given(tmp_path):
-    demo = Demo(_args("--one-host"), Scenario(), tmp_path)
+    demo = Demo(demo_args("--one-host"), Scenario(), tmp_path)
     demo.cluster = _Cluster(3)
     demo.cluster.groups[0] = demo.cluster.groups[1] = argparse.Namespace(alive=lambda: True)
     demo.hosts_view = {"quarantined": ["vm"]}  # nothing to move to: ignored
@@ -221,7 +216,7 @@ def test_a_group_still_running_on_a_quarantined_host_is_drained_then_restarted(t
 
     from lightkeeper.demo_supervisor import DRAIN_GRACE_S
 
-    demo = Demo(_args("--spare-hosts", "1"), Scenario(), tmp_path)
+    demo = Demo(demo_args("--spare-hosts", "1"), Scenario(), tmp_path)
     demo.cluster = _Cluster(3)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -254,14 +249,14 @@ class _Ended:
 
 
 def test_the_run_ends_by_its_duration_or_once_every_group_trained_its_steps(tmp_path):
-    demo = Demo(_args("--no-faults", "--duration", "3"), Scenario(), tmp_path)
+    demo = Demo(demo_args("--no-faults", "--duration", "3"), Scenario(), tmp_path)
     demo.deadline, demo.train_start_s = 3.0, None
     assert demo.run_over(100.0) is None  # --duration counts from training's start
     demo.train_start_s = 10.0
     assert demo.run_over(12.9) is None and demo.run_over(13.0) == "--duration 3s reached"
     demo.keeping = True  # --keep-running: only Ctrl-C or SIGTERM ends it now
     assert demo.run_over(60.0) is None
-    demo = Demo(_args("--no-faults", "--steps", "8"), Scenario(), tmp_path)
+    demo = Demo(demo_args("--no-faults", "--steps", "8"), Scenario(), tmp_path)
     demo.deadline = None
     demo.cluster.groups = {0: _Ended(0), 1: _Ended(None)}
     assert demo.run_over(60.0) is None

@@ -16,6 +16,7 @@ import pytest
 
 from lightkeeper import demo as demo_mod
 from lightkeeper import report
+from tests.support.demo import demo_args
 from trainer.faults import NETWORK_KINDS
 
 
@@ -32,12 +33,6 @@ class FakeFabric:
 
     def close(self) -> None:
         pass
-
-
-def _args(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    demo_mod.add_arguments(p)
-    return p.parse_args(list(argv))
 
 
 @pytest.fixture
@@ -62,7 +57,7 @@ def cli(monkeypatch):
 
 def _scenario(*argv: str) -> list:
     with pytest.raises(Reached) as got:
-        demo_mod.run(_args(*argv))
+        demo_mod.run(demo_args(*argv))
     return got.value.faults
 
 
@@ -79,7 +74,7 @@ def test_without_quarantine_the_default_scenario_has_no_network_fault(cli, flag,
 
 @pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run", "--dry-run"])
 def test_a_network_fault_without_quarantine_is_refused(cli, flag, capsys):
-    code = demo_mod.run(_args(flag, "--inject", "0:partition:at_step=20"))
+    code = demo_mod.run(demo_args(flag, "--inject", "0:partition:at_step=20"))
     err = capsys.readouterr().err
     assert code == 2 and cli.built == 0
     assert f"partition:at_step=20 is a network fault, and with {flag} its host is never " \
@@ -114,7 +109,7 @@ def test_a_report_dir_made_by_someone_else_after_the_check_is_refused(cli, monke
         return os.open(os.devnull, os.O_RDONLY)
 
     monkeypatch.setattr(demo_mod, "acquire_lock", appears)
-    code = demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir", str(target)))
+    code = demo_mod.run(demo_args("--no-faults", "--hosts", "loopback", "--report-dir", str(target)))
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"--report-dir {target}: " in err and "Traceback" not in err
@@ -131,7 +126,7 @@ def test_a_report_dir_the_demo_creates_is_its_own(cli, tmp_path):
 def test_more_namespaced_hosts_than_a_fabric_has_is_refused_up_front(cli, capsys):
     from lightkeeper.fabric import MAX_HOSTS
 
-    code = demo_mod.run(_args("--hosts", "netns", "--groups", "3",
+    code = demo_mod.run(demo_args("--hosts", "netns", "--groups", "3",
                               "--spare-hosts", str(MAX_HOSTS - 2)))
     err = capsys.readouterr().err
     assert code == 2 and cli.built == 0
@@ -178,7 +173,7 @@ def test_a_bug_in_the_run_still_stops_everything_and_writes_the_report(cli, monk
     monkeypatch.setattr(report, "write_report", write_report)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(RuntimeError, match="a bug"):  # told after the report, not swallowed
-        demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir",
+        demo_mod.run(demo_args("--no-faults", "--hosts", "loopback", "--report-dir",
                            str(tmp_path / "r")))
     assert written == [(True, "RuntimeError: a bug", tmp_path / "r")]
     assert signal.getsignal(signal.SIGTERM) == before

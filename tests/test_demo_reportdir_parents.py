@@ -13,9 +13,10 @@ import pytest
 
 from lightkeeper import demo as demo_mod
 from tests import test_demo_refusals
+from tests.support.demo import demo_args
 
 cli = test_demo_refusals.cli
-_args, _scenario = test_demo_refusals._args, test_demo_refusals._scenario
+_scenario = test_demo_refusals._scenario
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the check is root's")
 NOBODY = 65534
 
@@ -32,7 +33,7 @@ def _theirs(path):
 
 
 def _refused(target, capsys) -> str:
-    code = demo_mod.run(_args("--no-faults", "--hosts", "loopback", "--report-dir", str(target)))
+    code = demo_mod.run(demo_args("--no-faults", "--hosts", "loopback", "--report-dir", str(target)))
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith(f"lightkeeper demo: --report-dir {target}: ") and "Traceback" not in err

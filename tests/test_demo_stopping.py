@@ -24,6 +24,7 @@ from lightkeeper import processes, prometheus
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.fabric import Fabric, FabricError
 from lightkeeper.processes import stop_process
+from tests.support.demo import demo_args
 
 
 def _sleeper(tmp_path: Path) -> tuple[Path, Path]:
@@ -57,12 +58,6 @@ def _kill_left(pid: int | None) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _args(*argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    demo_mod.add_arguments(p)
-    return p.parse_args(list(argv))
-
-
 # --- a reaped process ------------------------------------------------------------------------
 def test_a_reaped_process_is_signalled_nothing(monkeypatch):
     proc = subprocess.Popen(["true"])
@@ -77,7 +72,7 @@ def test_a_reaped_process_is_signalled_nothing(monkeypatch):
 def test_a_demo_stops_none_of_its_processes_that_already_exited(tmp_path, monkeypatch):
     from lightkeeper.scenario import Scenario
 
-    demo = demo_mod.Demo(_args(), Scenario(), tmp_path)
+    demo = demo_mod.Demo(demo_args(), Scenario(), tmp_path)
     done = subprocess.Popen(["true"])
     done.wait()  # an evicted group's process, long gone: its PID may be reused
     demo.procs.append(done)
@@ -181,7 +176,7 @@ def test_ctrl_c_while_the_hosts_are_built_removes_them_and_ends_the_demo(fabric_
         demo_mod.build_fabric(3)
     assert fabric_build.closed == 1
     before = signal.getsignal(signal.SIGTERM)
-    assert demo_mod.run(_args("--no-faults")) == 130
+    assert demo_mod.run(demo_args("--no-faults")) == 130
     assert fabric_build.closed == 2
     assert "interrupted" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == before
@@ -195,7 +190,7 @@ def test_sigterm_while_the_hosts_are_built_removes_them_and_ends_the_demo(fabric
         signal.raise_signal(signal.SIGTERM)
 
     fabric_build.build = terminated
-    assert demo_mod.run(_args("--no-faults", "--hosts", "netns")) == 130
+    assert demo_mod.run(demo_args("--no-faults", "--hosts", "netns")) == 130
     assert fabric_build.closed == 1
 
 
@@ -210,7 +205,7 @@ def test_a_second_demo_exits_before_building_any_host(fabric_build, monkeypatch,
 
     fabric_build.build = built
     monkeypatch.setattr(demo_mod, "acquire_lock", locked)
-    assert demo_mod.run(_args("--no-faults", "--hosts", "netns")) == 1
+    assert demo_mod.run(demo_args("--no-faults", "--hosts", "netns")) == 1
     assert "another demo is running" in capsys.readouterr().err
     assert fabric_build.closed == 0
 

@@ -4,6 +4,7 @@ works, stop it with SIGTERM and check that nothing it started is left."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -17,6 +18,15 @@ from pathlib import Path
 import requests
 
 from lightkeeper.processes import stop_process
+
+
+def demo_args(*argv: str) -> argparse.Namespace:
+    """``lightkeeper demo``'s flags as its parser reads ``argv``."""
+    from lightkeeper import demo
+
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    return p.parse_args(list(argv))
 
 
 def poll(predicate, timeout: float, what: str, interval: float = 0.5):
