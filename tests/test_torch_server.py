@@ -507,6 +507,21 @@ def test_store_reader_finds_ranks_the_lighthouse_vouches_for():
     assert reader.read([], NOW + 100) == {}
 
 
+def test_a_group_whose_store_moved_keeps_only_the_ranks_of_its_new_store():
+    """The Lighthouse lists a replica id at a new store address (its store's host restarted
+    elsewhere, same id): the ranks found in the old store are no longer vouched for."""
+    dist = pytest.importorskip("torch.distributed")
+    stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                            timeout=timedelta(seconds=5)) for _ in range(2)]
+    for store, node in zip(stores, ("node7", "node9"), strict=True):
+        store.set("replica_id", "ft_3:uuid")
+        store.set("debug_server/rank0", f"http://{node}:4100")
+    old, new = (f"127.0.0.1:{s.port}" for s in stores)
+    reader = StoreReader(timeout_s=5, forget_after_s=30)
+    assert set(reader.read([("ft_3:uuid", old, 2)], NOW)) == {"torch+http://node7:4100"}
+    assert set(reader.read([("ft_3:uuid", new, 2)], NOW + 1)) == {"torch+http://node9:4100"}
+
+
 CLOSED = "127.0.0.1:1"  # nothing listens there (a port bound and let go may be another test's)
 
 

@@ -284,6 +284,12 @@ class StoreReader:
         """Read the due stores of ``groups`` (replica id, ``host:port``, world size); forget
         groups unlisted for ``forget_after_s``. Blocks ``timeout_s`` at most; :meth:`identities`."""
         started: list[tuple[str, str]] = []
+        groups = list(groups)
+        listed = {(rid, store) for rid, store, _ in groups}
+        moved = {rid for rid, _, _ in groups}  # a group's store it no longer names: its old ranks
+        for table in (self._reads, self._clients):
+            for key in [k for k in table if k[0] in moved and k not in listed]:
+                del table[key]  # a client's connection closes with it
         for rid, store, ws in groups:
             self._last_listed[rid] = now
             key = (rid, store)
