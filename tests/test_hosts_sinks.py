@@ -360,15 +360,24 @@ class FakeKubeAPI:
             code = self.fail[key]
             return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                           "message": f"fake {code}", "reason": "Fake", "code": code}
+        meta = self.node["metadata"]
         if req["path"] == "/api/v1/nodes/node-1":
             if req["method"] == "PATCH":  # strategic merge: null deletes an annotation
                 body = json.loads(req["body"])
+                sent = body["metadata"].get("resourceVersion")
+                if sent is not None and sent != meta["resourceVersion"]:  # optimistic lock
+                    return 409, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                 "message": "the object has been modified", "reason": "Conflict",
+                                 "code": 409}
+                meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
                 self.node["spec"].update(body["spec"])
                 notes = self.node["metadata"].setdefault("annotations", {})
                 for k, v in (body["metadata"].get("annotations") or {}).items():
                     notes.pop(k) if v is None else notes.update({k: v})
             return 200, self.node
         if req["path"] == "/api/v1/nodes/node-1/status":
+            if req["method"] == "PATCH":  # a status write is a new version of the node too
+                meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
             return 200, self.node
         if req["path"] == "/api/v1/namespaces/train/pods" and req["method"] == "GET":
             want = dict(kv.split("=", 1) for q in ("labelSelector", "fieldSelector")
@@ -440,8 +449,9 @@ def test_k8s_quarantine_exact_requests(kube):
     assert sink.release({**EVENT, "event": "release"}).ok
     assert [(r["method"], r["path"]) for r in rx.requests] == [  # the taint last: see release
         ("GET", "/api/v1/nodes/node-1"), ("PATCH", "/api/v1/nodes/node-1/status"),
+        ("GET", "/api/v1/nodes/node-1"),  # read again: the status write made a new version
         ("PATCH", "/api/v1/nodes/node-1")]
-    body = json.loads(rx.requests[2]["body"])
+    body = json.loads(rx.requests[3]["body"])
     assert body["spec"] == {"unschedulable": False,
                             "taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]}
     assert body["metadata"]["annotations"] == {"lightkeeper.io/cordoned": None}

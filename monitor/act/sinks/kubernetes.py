@@ -128,7 +128,8 @@ class KubernetesSink:
                 self._set_condition(node, False, "Released",
                                     str(event.get("reason") or "released"))
                 done.append(f"condition {CONDITION}=False")
-                self._patch_node(node, obj, key, None)
+                # read again: the status write made a new version, and the patch names its own
+                self._patch_node(node, self._get_node(node), key, None)
                 done.append("taint removed")
         except Exception as e:
             return self._failure(node, done, e)
