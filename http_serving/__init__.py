@@ -16,10 +16,10 @@ from .urls import (
     redact_entry,
     redact_url,
     split_host_port,
+    url_list,
 )
 from .wsgi import BackgroundWSGIServer
 
 __all__ = ["BackgroundWSGIServer", "bearer_token_matches", "decimal_int", "failure_reason",
            "host_for_url", "http_url", "is_http_url", "is_loopback_host", "on_command_line",
-           "printable",
-           "redact_entry", "redact_url", "split_host_port"]
+           "printable", "redact_entry", "redact_url", "split_host_port", "url_list"]

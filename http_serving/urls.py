@@ -87,6 +87,13 @@ def is_http_url(url: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+def url_list(raw: str | None) -> list[str] | None:
+    """``raw``'s comma-separated entries, blanks skipped (``"$A,$B"`` with one unset); None
+    where it has text but names no entry at all (both unset: a monitor was meant)."""
+    urls = [u.strip() for u in (raw or "").split(",") if u.strip()]
+    return None if not urls and raw and raw.strip() else urls
+
+
 def redact_url(text: str | None) -> str | None:
     """A URL, or a message holding URLs, with each one's password shown as ``***``
     (``http://user:***@host``; a user name alone, which may be a token: ``http://***@host``;

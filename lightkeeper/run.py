@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 
-from http_serving import is_http_url, redact_entry, redact_url
+from http_serving import is_http_url, redact_entry, redact_url, url_list
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 
 FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
@@ -104,10 +104,11 @@ def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
     A list of blanks alone (``--monitor "$A,$B"`` with both unset) is refused: every rank would
     train unmonitored, though a monitor was meant."""
     value, name = (flag, "--monitor") if flag is not None else (env, "LIGHTKEEPER_MONITOR")
-    if value and value.strip() and not value.replace(",", "").strip():
+    urls = url_list(value)  # as the ranks read it
+    if urls is None:
         return f"{name} {value!r} names no monitor URL"
-    for url in (u.strip() for u in (value or "").split(",")):
-        if url and not is_http_url(url):  # blanks skipped, as the ranks skip them
+    for url in urls:
+        if not is_http_url(url):
             return f"{name} {redact_entry(url)!r} is not an http(s)://host:port URL"
     return None
 

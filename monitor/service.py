@@ -302,7 +302,7 @@ class Monitor:
         else:
             self._judge_hosts(view, new, now)
             self.enforcer.decide(view, evidence, now)
-        standby = self.shard is not None and self.shard.holds is False
+        standby = not self.enforcer.fetch_bundles  # _judge_hosts: another monitor holds it
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
         self.enforcer.bundle_confirmed(view, evidence, new)
         self.enforcer.confirm_evictions(view, evidence, now, self.lighthouse_status)

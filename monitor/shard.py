@@ -450,7 +450,8 @@ class Shards:
         return {"index": self.cfg.index, "shards": self.cfg.shards, "lead": self.cfg.lead,
                 "etcd": redact_url(self.cfg.etcd), "prefix": self.root, "error": self.error,
                 "standby": self.holds is False, "held_by": self.held_by,
-                "acting": self.acting(),
+                # read, not judged: only the sweep says a lapse (a status read changes no log)
+                "acting": bool(self.holds) and time.monotonic() < self._holds_until,
                 "proposals_made": self.proposals_made,
                 "owned_groups": sorted({g for g, _ in self._groups.values() if self.owns(g)}),
                 "leading": bool(e and e.leading), "leader": e.leader if e else None,

@@ -482,16 +482,14 @@ class Store:
     def identity(self) -> str:
         """This file's monitor id: made once, kept across restarts wherever the file goes (a
         pod's new host name, a moved volume); a fresh one for an in-memory store."""
-        new = uuid.uuid4().hex[:16]
         with self._lock:
             row = self._db.execute("SELECT value FROM monitor_identity WHERE id=1").fetchone()
             if row:
                 return row[0]
+            new = uuid.uuid4().hex[:16]
             try:
-                with self._db:
-                    self._db.execute("INSERT INTO monitor_identity (id, value) VALUES (1, ?)",
-                                     (new,))
-            except sqlite3.Error as e:  # a full disk: this run's id, made again next start
+                self._write("INSERT INTO monitor_identity (id, value) VALUES (1, ?)", (new,))
+            except sqlite3.Error as e:  # a full disk, a replaced file: this run's id
                 log.warning("cannot keep the monitor's id in %s: %s", self.path, e)
         return new
 

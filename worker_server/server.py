@@ -37,6 +37,7 @@ from http_serving import (
     is_loopback_host,
     redact_entry,
     redact_url,
+    url_list,
 )
 
 from .abort import GlooConnections, abort_cross_group, watch_manager
@@ -122,16 +123,17 @@ def monitor_urls(given: str | None, env) -> list[str]:
     none, said in one line too."""
     raw, source = ((given, "monitor_url") if given
                    else (env.get("LIGHTKEEPER_MONITOR"), "LIGHTKEEPER_MONITOR"))
-    if raw and raw.strip() and not raw.replace(",", "").strip():
+    given_urls = url_list(raw)
+    if given_urls is None:
         say(f"{source} {raw!r} names no monitor URL; this rank is registered with none")
         return []
     urls = []
-    for url in (u.strip() for u in (raw or "").split(",")):
-        if url and not is_http_url(url):
+    for url in given_urls:
+        if is_http_url(url):
+            urls.append(url)
+        else:
             say(f"not registering with {redact_entry(url)!r} ({source}): not an "
                 "http(s)://host:port URL; this rank is not registered there")
-        elif url:
-            urls.append(url)
     return urls
 
 
@@ -392,48 +394,44 @@ class WorkerServer:
                 "the Authorization header, and the URL's (Basic) is the one sent: the monitor "
                 "will refuse this rank (401); give the monitor's URL without them")
 
+        def tell(message: str) -> None:
+            if not self._stop.is_set():  # a lookup or request that outlasted stop() says nothing
+                say(message)
+
         def loop() -> None:
             said: int | str | None = None  # the last trouble said (a status, "unreachable")
             while not self._stop.is_set():
                 try:
                     if loopback_for_remote(self.url, monitor_url):
-                        if self._stop.is_set():  # its lookup (DNS) outlasted stop()
-                            return
                         if said != "loopback":
-                            say(f"not registering {self.url} with monitor {shown}: it runs on "
-                                "another host and cannot reach this host's loopback; bind an "
-                                "address it reaches (LIGHTKEEPER_WORKER_HOST=0.0.0.0 or this "
-                                "host's address, lightkeeper run --worker-host)")
+                            tell(f"not registering {self.url} with monitor {shown}: it runs on "
+                                 "another host and cannot reach this host's loopback; bind an "
+                                 "address it reaches (LIGHTKEEPER_WORKER_HOST=0.0.0.0 or this "
+                                 "host's address, lightkeeper run --worker-host)")
                         said = "loopback"
                         self._stop.wait(REGISTER_INTERVAL_S)
                         continue
                     r = requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
                                       headers=headers, timeout=2)
-                    if self._stop.is_set():  # stopped meanwhile: nothing left to say
-                        return
                     if r.status_code != 200 and r.status_code != said:
                         # 401 (token), 403 (address not allowed), 409 (another job), 429
                         # (monitor full): the operator has to act; not monitored until then.
                         # Said on stderr: the job's logging may hide or reformat a warning.
-                        say(f"monitor {shown} refused this rank's registration: HTTP "
-                            f"{r.status_code} {' '.join(r.text.split())[:200]}")
+                        tell(f"monitor {shown} refused this rank's registration: HTTP "
+                             f"{r.status_code} {' '.join(r.text.split())[:200]}")
                     elif r.status_code == 200 and said is not None:
-                        say(f"registered with monitor {shown}")
+                        tell(f"registered with monitor {shown}")
                     said = None if r.status_code == 200 else r.status_code
                 except requests.RequestException as e:
-                    if self._stop.is_set():
-                        return
                     if said != "unreachable":  # once: a typo in the URL leaves it unmonitored
                         why = failure_reason(e) or type(e).__name__
-                        say(f"cannot register with monitor {shown} ({why}); this rank is not "
-                            f"monitored until it can, tried every {REGISTER_INTERVAL_S:.0f} s")
+                        tell(f"cannot register with monitor {shown} ({why}); this rank is not "
+                             f"monitored until it can, tried every {REGISTER_INTERVAL_S:.0f} s")
                     said = "unreachable"
                 except ValueError:  # urlsplit's: no URL (its text may hold the password)
-                    if self._stop.is_set():
-                        return
                     if said != "no url":
-                        say(f"cannot register with monitor {shown}: it is not an "
-                            "http(s)://host:port URL; this rank is not monitored")
+                        tell(f"cannot register with monitor {shown}: it is not an "
+                             "http(s)://host:port URL; this rank is not monitored")
                     said = "no url"
                 self._stop.wait(REGISTER_INTERVAL_S)
 

@@ -416,7 +416,7 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
         i = seq - t.first_seq
         # seq or a later one completed, so everyone enqueued seq (NCCL completes them in order):
         # the laggards' dumps are older, or theirs is another group of that name (a restart)
-        if COMPLETED in t.states[max(i, 0):]:
+        if (done := _last_completed(t)) is not None and done >= seq:
             return None
         if 0 <= i < len(t.sigs):
             held = True

@@ -311,9 +311,7 @@ class JobWide:
         # every rank shows blocked in the collective, or in its quorum call, and the network is
         # not to blame; unless a step committed since the monitor lost it (its read fails, the
         # ranks' do not): then a long quorum wait is torchft's own (a heartbeat timeout)
-        lh_down = self._lh_out is not None and all(
-            r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
-            for gv in groups for r in gv.ranks if r.fresh)
+        lh_down = self._lh_out is not None  # _note_lighthouse: every fresh rank says so
         cause, reached = self._lighthouse_cause(groups) if lh_down else ("network", None)
         lh_blamed = cause == "lighthouse"
         if hang.stalled_sweeps < 1 or len(groups) < 2 \

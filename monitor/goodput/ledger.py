@@ -84,7 +84,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._judge_kills(evictions)
         self._end_recoveries(now)
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
-                                    self.reader.quorum_rids, self.reader.rids)
+                                    self.reader.quorum_rids, self.reader.rids, self.last_at)
         if self.since is None:
             self.since = self.last_at = now
             self._revised.clear()

@@ -49,7 +49,6 @@ class JobPace:
         self.steady: tuple[float, int] | None = None  # see track_steady
         # the incarnations in the quorum when it last reached ``step`` (None: not known)
         self.rids: set[str] | None = None
-        self.swept_at: float | None = None  # the previous ingest's sweep (None: not known)
 
     @property
     def window(self) -> float:
@@ -61,13 +60,12 @@ class JobPace:
 
     def ingest(self, steps: list[int], now: float, step_at: float | None = None,
                rids: list[str | None] | None = None,
-               seen: list[str | None] | None = None) -> bool:
+               seen: list[str | None] | None = None, prev: float | None = None) -> bool:
         """True if the in-quorum groups' steps moved the job on, dated by ``step_at`` (the ranks'
-        clock) if it falls after the previous sweep, else at ``now``. The step falling far, or
+        clock) if it falls after the previous sweep (``prev``), else at ``now``. The step falling far, or
         with only new incarnations left (``rids`` in the quorum, ``seen`` in the view): a
         relaunch."""
         moved, at = False, now
-        prev, self.swept_at = self.swept_at, now
         if steps:
             s = max(steps)
             if self.step is not None and s > self.step:

@@ -144,7 +144,6 @@ class GoodputSnapshot:
         # an older snapshot's: its last commit, as that monitor judged "went on"
         led.went_on_at = state.get("went_on_at", led.last_commit_at)
         job.history.extend(tuple(x) for x in state["job_history"])
-        job.swept_at = led.last_at
         job.rids = set(state.get("job_rids") or ()) or None  # an older snapshot's: not known
         # an older snapshot's: the job's step (the quorum's newest when it last moved on)
         led.reader.top = state.get("quorum_top", job.step)
