@@ -362,6 +362,29 @@ def test_a_group_restarted_and_healing_while_only_the_monitor_lost_the_lighthous
         d.mon.stop()
 
 
+def test_a_group_crash_looping_while_only_the_monitor_lost_the_lighthouse_holds_nobody(
+        tmp_path, job):
+    """As above, but group 3 restarts again and again (each process asks for its quorum only
+    for the last half second) while the others' stall grows: a group that began asking long
+    after the others began waiting is not what they wait for, so the network stall is found."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        d.sweeps(4)  # steps commit: the ranks reach the Lighthouse
+        for i in range(6):
+            d.train.stall(4.0 + 2 * i, d.clock.t)
+            for r in job.sim.group(3):  # a new process each time, asking since 0.5 s
+                _wait_cross(r, "quorum", 0.5, d.clock.t, quorum_id=-1, step=0,
+                            pid=r.state["pid"] + 1000, started_at=d.clock.t - 0.5)
+            d.sweep(steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.kind == "job_stall" and f.evidence["cause"] == "network"
+    finally:
+        d.mon.stop()
+
+
 def test_a_rank_the_monitor_cannot_reach_while_its_group_commits_is_not_dead():
     """The monitor loses its route to one rank (or the rank's WorkerServer is starved) while the
     group trains on: torchft commits a step only with every rank of the group, so the rank
