@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from http_serving import printable
 
 from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
-from .torchft_dumps import SeveralJobs, holds_files, pick, quorum_folders
+from .torchft_dumps import SeveralJobs, holds_files, listed, pick, quorum_folders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +154,7 @@ def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
     if got is None:
         out.errors.append({"path": raw, "error": f"no torchft folder of quorum {quorum} (found {sorted(folders)})"})
         return
-    beside = [p for p in Path(raw).iterdir() if p.is_file() and not p.name.startswith(".")] if Path(raw).is_dir() else []
+    beside = list(listed(Path(raw))) if Path(raw).is_dir() else []
     empty = quorum is None and not holds_files(got[1])  # then none holds one: nothing is read
     for q in sorted(folders):
         out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0] and not empty})

@@ -18,6 +18,7 @@ from typing import Any
 from .columnar import normalize, normalize_packed, normalize_parsed
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, file_size, run_pool
+from .torchft_dumps import listed
 from .wire import Packed, from_bytes, to_bytes
 
 # Below this many bytes in all, loading here beats starting workers (bench_analyze.py --threshold).
@@ -99,18 +100,34 @@ def read_dump(path: str | Path) -> Any:
         if f.peek(1)[:1] == b"\x80":
             return _DataOnlyUnpickler(f, os.fstat(f.fileno()).st_size).load()
         data = f.read()
-    if data.lstrip()[:1] in (b"{", b"["):
+    if dump_kind(data) == "json":
         return json.loads(data)
     raise DumpFormatError(_what_else(data))
+
+
+def dump_kind(head: bytes) -> str | None:
+    """What a file beginning with ``head`` (its first 262 bytes tell) is: ``"json"``, ``"gzip"``,
+    ``"tar"``, ``"pickle"``, the first that fits in that order (:func:`read_dump`'s, once it has
+    unpickled any file whose byte 0 opens a pickle), else None. JSON and a pickle are told by their
+    first byte after any whitespace; read_dump refuses whitespace before a pickle."""
+    first = head.lstrip()[:1]
+    if first in (b"{", b"["):
+        return "json"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if head[257:262] == b"ustar":
+        return "tar"
+    return "pickle" if first == b"\x80" else None
 
 
 def _what_else(data: bytes) -> str:
     """What a file that is neither JSON nor a pickle is, where that says what to do."""
     if not data:
         return "an empty file"
-    if data[:2] == b"\x1f\x8b":  # not unpacked here: a small file can unpack to gigabytes
+    kind = dump_kind(data)
+    if kind == "gzip":  # not unpacked here: a small file can unpack to gigabytes
         return "gzip-compressed: gunzip it first"
-    if data[257:262] == b"ustar":
+    if kind == "tar":
         return "a tar archive, not an incident bundle: unpack it and give the folder"
     return "neither JSON nor a pickle"
 
@@ -128,7 +145,7 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], notes
         path = Path(raw)
         try:
             is_dir = path.is_dir()
-            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")) if is_dir else []
+            found = sorted(listed(path)) if is_dir else []
         except OSError as exc:  # a folder this user may not list: said, and the others read
             errors.append(unreadable(path, exc))
             continue
@@ -184,7 +201,7 @@ def _dump_like(path: Path) -> bool:
             head = f.read(262)
     except OSError:
         return True  # said when read; counted here, as before
-    return head.lstrip()[:1] in (b"\x80", b"{", b"[") or head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar"
+    return dump_kind(head) is not None
 
 
 def _overlap(jobs: dict[str, list[int]]) -> bool:

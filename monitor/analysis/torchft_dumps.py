@@ -9,6 +9,7 @@ dump unless told (docs/analyze.md).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 _QUORUM = re.compile(r"^(?P<prefix>.*)_quorum_(?P<quorum>-?\d+)$")
@@ -62,9 +63,15 @@ def pick(folders: dict[int, Path], quorum: int | None) -> tuple[int, Path] | Non
 
 
 def holds_files(folder: Path) -> bool:
-    """Whether ``folder`` holds a file the loader would read (a name not starting with ``.``);
-    True when it cannot be listed: reading it says why."""
+    """Whether ``folder`` holds a file the loader would read (:func:`listed`); True when it
+    cannot be listed: reading it says why."""
     try:
-        return any(p.is_file() and not p.name.startswith(".") for p in folder.iterdir())
+        return any(listed(folder))
     except OSError:
         return True
+
+
+def listed(folder: Path) -> Iterator[Path]:
+    """The files in ``folder`` the loader reads: those whose names do not start with ``.``;
+    ``OSError`` when it cannot be listed."""
+    return (p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
