@@ -117,6 +117,16 @@ def test_a_pg_status_count_alone_never_blames_a_rank():
     assert [f.kind for f in result.findings] == []
 
 
+def test_a_rank_stuck_after_its_last_collective_completed_is_found_by_its_pg_status():
+    # the commonest hang, read from onlyActive dumps: rank 1 finished seq 12 and is stuck in
+    # compute (its dump keeps no entry of the group), rank 0 waits in seq 13
+    behind = _active_dump([])
+    behind["pg_status"]["1"] = {"last_completed_collective": "12",
+                                "last_enqueued_collective": "12", "last_started_collective": "12"}
+    result = analyze({0: _active_dump([_stuck_entry()]), 1: behind})
+    assert [(f.kind, f.seq, f.culprit_ranks) for f in result.findings] == [("hang", 13, [1])]
+
+
 def test_a_gloo_dump_without_entries_testifies_nothing():
     # gloo's pg_status counts more than the collectives it records: not a count of seq ids, but
     # it shows the rank did enqueue work, so no entry is no "enqueued none"

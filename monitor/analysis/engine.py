@@ -399,11 +399,6 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
     seq = behind + 1
     culprits = sorted(r for r, s in known.items() if s == behind)
     waiting = sorted(r for r, s in known.items() if s >= seq)
-    if all(r not in rows and r in traces and key.quorum_id is None
-           and traces[r].enqueued.get(key.pg) is not None for r in culprits):
-        # a pg_status count alone never blames: NCCL counts a group's send/recv there too when
-        # its last work was one (seqP2P), so the number may not be a collective's at all
-        return None
     if all(r in traces and r not in rows for r in waiting):
         # only pg_status counts put them past seq: read at other moments than the laggards',
         # and a rank waiting in seq keeps it among its entries, even in an onlyActive dump
@@ -422,6 +417,12 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
             held = True
             if op is None and t.sigs[i] is not None:
                 op = signatures[t.sigs[i]].op
+    if not held and all(r not in rows and r in traces and key.quorum_id is None
+                        and traces[r].enqueued.get(key.pg) is not None for r in culprits):
+        # a pg_status count alone, with no dump holding the collective after it, blames
+        # nobody: NCCL counts a group's send/recv there too when its last work was one
+        # (seqP2P), so the number may not be a collective's at all
+        return None
     ages = [_pending_for(traces.get(r), rows[r], seq) for r in seen]
     if ages and all(a is not None for a in ages) and max(ages) < MIN_PENDING_S:
         return None  # enqueued just before the dumps were taken: in flight, not (yet) hung
