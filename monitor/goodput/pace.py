@@ -49,6 +49,11 @@ class JobPace:
         self.steady: tuple[float, int] | None = None  # see track_steady
         # the incarnations in the quorum when it last reached ``step`` (None: not known)
         self.rids: set[str] | None = None
+        # the furthest step the job reached: after a relaunch from a checkpoint, the steps up
+        # to it are done again, not progress
+        self.high: int | None = None
+        self.redo = 0.0  # the share of this sweep's progress that redid steps up to ``high``
+        self.relaunched = False  # this sweep's step fell back: the job started over
 
     @property
     def window(self) -> float:
@@ -64,8 +69,10 @@ class JobPace:
         """True if the in-quorum groups' steps moved the job on, dated by ``step_at`` (the ranks'
         clock) if it falls after the previous sweep (``prev``), else at ``now``. The step falling far, or
         with only new incarnations left (``rids`` in the quorum, ``seen`` in the view): a
-        relaunch."""
-        moved, at = False, now
+        relaunch; its steps up to the high-water step are then redone (:attr:`redo`)."""
+        moved, at, was = False, now, self.step
+        high = self.high if self.high is not None else was
+        self.relaunched = False
         if steps:
             s = max(steps)
             if self.step is not None and s > self.step:
@@ -78,10 +85,18 @@ class JobPace:
             if self.step is not None and s < self.step and (
                     s < self.step - JOB_RESTART_STEPS or self._relaunched(rids, seen)):
                 self.history.clear()  # started over (e.g. from a checkpoint)
+                self.relaunched = True
             if self.step is None or s >= self.step or not self.history:
                 self.step = s
                 self.rids = set(rids or ()).difference((None,)) or None
+        self.redo = 0.0
+        if self.step is not None and high is not None:
+            if was is not None and self.step > was:  # the part of the rise up to ``high``
+                self.redo = min(1.0, max(0.0, (high - was) / (self.step - was)))
+            elif self.step < high:
+                self.redo = 1.0
         if self.step is not None:
+            self.high = self.step if high is None else max(high, self.step)
             self.history.append((at, self.step))
             # no baseline yet: W's 3 s floor holds no 3 steps of over a second (a LocalSGD
             # sync), so the window stretches to 3 steps and startup ends

@@ -16,7 +16,9 @@ after a kill, not yet back, loses capacity on it (``_account_down``). And one of
 the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do.
 And: a commit the ranks date at or before the previous sweep is dated at the sweep that saw it
 (``_ingest_job_step``), and the slots never seen are booked as one slice a sweep
-(``_account``, ``_account_down``, ``_account_gap``)."""
+(``_account``, ``_account_down``, ``_account_gap``). And: after a relaunch, the time spent
+redoing steps up to the furthest the job had reached is ``rollback`` (``_ingest_job_step``,
+``_account``, ``_account_gap``, ``_settle``)."""
 
 from __future__ import annotations
 
@@ -152,6 +154,9 @@ class GoodputLedger:
         self.job_step: int | None = None
         self.job_history: deque = deque()  # (t, job step)
         self.job_rids: set[str] | None = None  # the in-quorum incarnations at job_step
+        self.job_high: int | None = None  # the furthest job step reached
+        self.job_redo = 0.0  # the share of this sweep's rise that redid steps up to job_high
+        self.rollback_incident: int | None = None  # open at the last relaunch
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
         self.baseline: float | None = None
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
@@ -306,7 +311,8 @@ class GoodputLedger:
 
     def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
         steps = [gv.step for g, gv in view.groups.items() if g in in_quorum and gv.step is not None]
-        moved, at = False, now
+        moved, at, was = False, now, self.job_step
+        high = self.job_high if self.job_high is not None else was
         if steps:
             s = max(steps)
             if self.job_step is not None and s > self.job_step:
@@ -324,10 +330,20 @@ class GoodputLedger:
             if self.job_step is not None and s < self.job_step and (
                     s < self.job_step - JOB_RESTART_STEPS or relaunched):
                 self.job_history.clear()  # the job started over (e.g. from a checkpoint)
+                inc = self._recovering(now) or max(
+                    self._open_incidents(), key=lambda i: (i.detected_at, i.id), default=None)
+                self.rollback_incident = None if inc is None else inc.id
             if self.job_step is None or s >= self.job_step or not self.job_history:
                 self.job_step = s
                 self.job_rids = set(rids).difference((None,)) or None
+        self.job_redo = 0.0
+        if self.job_step is not None and high is not None:
+            if was is not None and self.job_step > was:
+                self.job_redo = min(1.0, max(0.0, (high - was) / (self.job_step - was)))
+            elif self.job_step < high:
+                self.job_redo = 1.0
         if self.job_step is not None:
+            self.job_high = self.job_step if high is None else max(high, self.job_step)
             self.job_history.append((at, self.job_step))
             _trim(self.job_history, now, self.window, 3 if self.baseline is None else 0)
         return moved
@@ -605,6 +621,7 @@ class GoodputLedger:
             self._pending_to_stall(stall_cause)
         slow = False
         window = self.window if cut is None else min(self.window, now - cut)
+        redone: list[tuple[int, float]] = []  # (group, seconds) redoing rolled-back steps
         for g in inside:
             grp = self.groups[g]
             if startup:
@@ -618,9 +635,14 @@ class GoodputLedger:
                 good, grp.carry = dt, 0.0  # at healthy pace over the window: the whole interval
             else:
                 good, grp.carry = earned, min(b, held - earned)
-            grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, good - earned])
+            rest, credit, redo = dt - good, good - earned, self.job_redo
+            back = good * redo
+            if redo:
+                good, credit = good - back, credit * (1 - redo)
+            if back > 1e-9:
+                redone.append((g, back))
+            grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, credit])
             self._add(g, good, dt, acct)
-            rest = dt - good
             if rest <= 1e-9:
                 continue
             if recovering is not None:
@@ -634,6 +656,9 @@ class GoodputLedger:
             else:
                 cause, inc, slow = PENDING, None, True
             self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct, idle=idle)
+        for g, back in redone:
+            self._badput(t0, now, g, "rollback", back, self.groups[g].gpus,
+                         self.incidents.get(self.rollback_incident), acct)
         for g in outside:
             self.groups[g].carry = 0.0
             self._add(g, 0.0, dt, acct)
@@ -731,10 +756,14 @@ class GoodputLedger:
         b = self.baseline
         for g in inside + outside:
             good = min(dt, deltas.get(g, 0) * b) if b is not None and g in in_quorum else 0.0
-            self._add(g, good, dt, acct)
+            back = good * self.job_redo
+            self._add(g, good - back, dt, acct)
             if dt - good > 1e-9:
                 self._badput(self.last_at, now, g, "unattributed", dt - good,
                              self.groups[g].gpus, None, acct)
+            if back > 1e-9:
+                self._badput(self.last_at, now, g, "rollback", back, self.groups[g].gpus,
+                             self.incidents.get(self.rollback_incident), acct)
         for _ in range(unseen):
             self._add(None, 0.0, dt, acct)
         if unseen:
@@ -884,7 +913,8 @@ class GoodputLedger:
         for s in self.unsettled:
             key = self._key(s.replica_group)
             final = s.t1 <= cutoff or (s.cause != PENDING and not self._provisional(s) and (
-                s.incident is not None or s.cause == "startup" or s.replica_group is None))
+                s.incident is not None or s.cause in ("startup", "rollback")
+                or s.replica_group is None))
             if key in blocked or not final:
                 blocked.add(key)
                 keep.append(s)
@@ -1095,6 +1125,7 @@ class GoodputLedger:
                        for g, grp in self.groups.items()},
             "job_step": self.job_step, "job_history": list(self.job_history),  # the window, as monitor/goodput saves it
             "job_rids": None if self.job_rids is None else sorted(self.job_rids),
+            "job_high": self.job_high, "rollback_incident": self.rollback_incident,
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
             "went_on_at": self.went_on_at,
@@ -1151,6 +1182,8 @@ class GoodputLedger:
         led.job_step = state.get("job_step")
         led.job_history.extend(tuple(x) for x in state.get("job_history") or [])
         led.job_rids = None if state.get("job_rids") is None else set(state["job_rids"])
+        led.job_high = state.get("job_high", led.job_step)
+        led.rollback_incident = state.get("rollback_incident")
         led.baseline_samples.extend(state.get("baseline_samples") or [])
         led.baseline = state.get("baseline")
         led.slow_since = state.get("slow_since")
