@@ -522,6 +522,35 @@ def test_a_group_whose_store_moved_keeps_only_the_ranks_of_its_new_store():
     assert set(reader.read([("ft_3:uuid", new, 2)], NOW + 1)) == {"torch+http://node9:4100"}
 
 
+def test_a_read_of_the_old_store_ending_after_the_move_brings_no_old_rank_back(monkeypatch):
+    """The old store's read is still running when the group moves to a new store; when it
+    ends, its ranks are not vouched for again. The store reads are FAKED at StoreReader._start
+    (a read held open by the test), since a real store cannot be held mid-answer on cue."""
+    from monitor.poll import torch_server as ts
+
+    gate, old_reads = threading.Event(), []
+
+    def start(self, rid, store, ws):
+        def fetch():
+            if store == "old:1":
+                gate.wait(10)
+            host = store.split(":")[0]
+            return ts._Got({f"torch+http://{host}:9": TorchIdentity(rid, 0, 0, 1, store)}, True)
+        reading = ts._Reading(fetch)
+        if store == "old:1":
+            old_reads.append(reading)
+        return reading
+
+    monkeypatch.setattr(ts.StoreReader, "_start", start)
+    reader = StoreReader(timeout_s=0.2)
+    assert reader.read([("g0:abc", "old:1", 1)], NOW) == {}  # held open
+    moved = [("g0:abc", "new:1", 1)]
+    assert set(reader.read(moved, NOW + 1)) == {"torch+http://new:9"}
+    gate.set()
+    assert old_reads[0].done.wait(5), "the old read to end"
+    assert set(reader.read(moved, NOW + 2)) == {"torch+http://new:9"}
+
+
 CLOSED = "127.0.0.1:1"  # nothing listens there (a port bound and let go may be another test's)
 
 

@@ -313,7 +313,8 @@ class StoreReader:
         for key, reading in list(self._reading.items()):
             if reading.done.is_set():
                 del self._reading[key]
-                if key[0] in self._last_listed:  # else forgotten meanwhile
+                # else forgotten meanwhile, or its group moved to another store: old ranks
+                if key[0] in self._last_listed and (key in listed or key[0] not in moved):
                     self._settle(key, reading.got or _Got({}, False, True), now)
             elif key in started:
                 self._say(f"store:{key[1]}", f"torch's debug server: cannot read store "
