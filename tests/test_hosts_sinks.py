@@ -353,6 +353,7 @@ class FakeKubeAPI:
                      "spec": {"taints": [{"key": "other", "value": "x",
                                           "effect": "NoExecute"}]}}
         self.fail: dict[tuple[str, str], int] = {}  # (method, path) -> status
+        self.on_status = None  # called at a status write: another writer acting meanwhile
 
     def respond(self, req):
         key = (req["method"], req["path"])
@@ -378,6 +379,8 @@ class FakeKubeAPI:
         if req["path"] == "/api/v1/nodes/node-1/status":
             if req["method"] == "PATCH":  # a status write is a new version of the node too
                 meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+                if self.on_status is not None:
+                    self.on_status(self)
             return 200, self.node
         if req["path"] == "/api/v1/namespaces/train/pods" and req["method"] == "GET":
             want = dict(kv.split("=", 1) for q in ("labelSelector", "fieldSelector")
@@ -458,6 +461,31 @@ def test_k8s_quarantine_exact_requests(kube):
     (cond,) = json.loads(rx.requests[1]["body"])["status"]["conditions"]
     assert (cond["status"], cond["reason"]) == ("False", "Released")
 
+
+
+def test_k8s_release_racing_another_jobs_quarantine_leaves_the_node_quarantined(kube):
+    """Another job's monitor quarantines the node between this release's reads (its taint lands
+    with the condition write): the cordon stays and the condition says quarantined again."""
+    api, rx, sink = kube
+    assert sink.quarantine(EVENT).ok
+
+    def other_job(fake):
+        fake.on_status = None
+        fake.node["spec"]["taints"].append({"key": "lightkeeper.io/quarantined-other",
+                                            "value": "hang", "effect": "NoSchedule"})
+        fake.node["metadata"]["resourceVersion"] = str(
+            int(fake.node["metadata"]["resourceVersion"]) + 1)
+
+    api.on_status = other_job
+    rx.requests.clear()
+    res = sink.release({**EVENT, "event": "release"})
+    assert res.ok and "still quarantined by lightkeeper.io/quarantined-other" in res.detail
+    assert api.node["spec"]["unschedulable"] is True
+    assert [t["key"] for t in api.node["spec"]["taints"]] == [
+        "other", "lightkeeper.io/quarantined-other"]
+    last_status = [r for r in rx.requests if r["path"].endswith("/status")][-1]
+    (cond,) = json.loads(last_status["body"])["status"]["conditions"]
+    assert cond["status"] == "True"
 
 
 def test_k8s_release_leaves_an_operators_cordon(kube):

@@ -129,8 +129,19 @@ class KubernetesSink:
                                     str(event.get("reason") or "released"))
                 done.append(f"condition {CONDITION}=False")
                 # read again: the status write made a new version, and the patch names its own
-                self._patch_node(node, self._get_node(node), key, None)
+                try:
+                    obj = self._get_node(node)
+                except Exception as e:
+                    if _status(e) == 404:
+                        return ActionResult(True, f"node {node}: gone, nothing to release")
+                    raise
+                self._patch_node(node, obj, key, None)
                 done.append("taint removed")
+                if others := [k for k in _quarantine_keys(obj) if k != key]:
+                    # another job quarantined it meanwhile: its condition stands
+                    self._set_condition(node, True, "Quarantined",
+                                        f"still quarantined by {', '.join(others)}")
+                    done.append(f"still quarantined by {', '.join(others)}")
         except Exception as e:
             return self._failure(node, done, e)
         return ActionResult(True, f"node {node}: " + "; ".join(done))
