@@ -362,6 +362,24 @@ def test_a_group_restarted_and_healing_while_only_the_monitor_lost_the_lighthous
         d.mon.stop()
 
 
+def test_a_group_healing_after_a_cold_first_step_still_holds_the_others(tmp_path, job):
+    """torchft's async quorum: a restarted group asks for its quorum, runs a slow first forward
+    and backward (CUDA start-up, compilation), and reaches its allreduce long after the others
+    began waiting there; its quorum still heals in the background. Recovery, no job_stall."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        d.train.stall(14.0, d.clock.t)
+        for r in job.sim.group(3):  # restarted, in its allreduce for 4 s: its quorum healing
+            _wait_cross(r, "allreduce", 4.0, d.clock.t, quorum_id=-1, step=0,
+                        pid=r.state["pid"] + 5000, started_at=d.clock.t - 30)
+        d.sweeps(3, steps=0)
+        assert d.open_kinds() == []
+    finally:
+        d.mon.stop()
+
+
 def test_a_group_crash_looping_while_only_the_monitor_lost_the_lighthouse_holds_nobody(
         tmp_path, job):
     """As above, but group 3 restarts again and again (each process asks for its quorum only

@@ -144,7 +144,7 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
     """A group outside the newest quorum still in its own (joining, or healing) holds the others:
     recovery, no stall. Its raw wait in any phase (a synchronous quorum heals inside
     start_quorum), and only one that began with the others' (a group re-asking since long
-    before, or asking only since long after, a crash loop, holds nobody); with the Lighthouse's status of that quorum, only a member of it.
+    before holds nobody, as does one in its quorum call only since long after: a crash loop); with the Lighthouse's status of that quorum, only a member of it.
     ``any_phase``: the others' wait in their quorum call counts too (the quorum branch's);
     ``outage_s``: how long the Lighthouse has been gone: a group asking only since then needs
     it as much as the others do, so it holds nobody. Joiners are looked for in ``full`` (every
@@ -163,8 +163,13 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
             continue
         for r in gv.ranks:
             scope, waited = current_wait(r.state) if r.fresh else (None, None)
+            # a process only now asking for its quorum (a crash loop) is not what the others
+            # have waited for since long before; one in its collective, its quorum still
+            # healing in the background (async quorum: after a cold first step), is
+            asking_late = r.state.get("phase") == "quorum" and waited is not None \
+                and waited < longest - slack
             if scope == "cross" and r.state.get("quorum_id") != view.quorum_id \
-                    and waited is not None and longest - slack <= waited <= longest + slack \
+                    and waited is not None and waited <= longest + slack and not asking_late \
                     and (outage_s is None or waited >= outage_s - slack):
                 return True
     return False
