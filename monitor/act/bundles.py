@@ -486,7 +486,7 @@ class Bundles:
                                      on_rows=again.extend,
                                      queries=[queries[i] for i in busy])
             # a retry cut short by the time left says nothing truer than the first "busy"
-            answered = {busy[r[0]]: (busy[r[0]], *r[1:]) for r in again if r[1] or r[5]}
+            answered = {busy[r[0]]: (busy[r[0]], *r[1:]) for r in again if r[3] != "timeout"}
             rows = [answered.get(r[0], r) for r in rows]
         got: dict[int, tuple[bytes | None, str]] = {}
         for i, ok, body, reason, error, _status, latency, _at in rows:
