@@ -379,6 +379,9 @@ class FakeKubeAPI:
         if req["path"] == "/api/v1/nodes/node-1/status":
             if req["method"] == "PATCH":  # a status write is a new version of the node too
                 meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+                conds = self.node.setdefault("status", {}).setdefault("conditions", [])
+                for c in json.loads(req["body"])["status"]["conditions"]:  # merged by type
+                    conds[:] = [x for x in conds if x["type"] != c["type"]] + [c]
                 if self.on_status is not None:
                     self.on_status(self)
             return 200, self.node
@@ -485,6 +488,33 @@ def test_k8s_release_racing_another_jobs_quarantine_leaves_the_node_quarantined(
         "other", "lightkeeper.io/quarantined-other"]
     last_status = [r for r in rx.requests if r["path"].endswith("/status")][-1]
     (cond,) = json.loads(last_status["body"])["status"]["conditions"]
+    assert cond["status"] == "True"
+
+
+def test_k8s_release_whose_condition_fix_failed_is_put_right_by_its_retry(kube):
+    """As above, and the write putting the condition back to quarantined fails: the retry
+    finds this job's taint still there and sets the condition before it removes the taint."""
+    api, rx, sink = kube
+    assert sink.quarantine(EVENT).ok
+    status = ("PATCH", "/api/v1/nodes/node-1/status")
+
+    def other_job(fake):
+        fake.on_status = None
+        fake.node["spec"]["taints"].append({"key": "lightkeeper.io/quarantined-other",
+                                            "value": "hang", "effect": "NoSchedule"})
+        fake.fail[status] = 503  # the next status write fails
+
+    api.on_status = other_job
+    assert not sink.release({**EVENT, "event": "release"}).ok
+    assert "lightkeeper.io/quarantined-j" in [t["key"] for t in api.node["spec"]["taints"]]
+    del api.fail[status]
+    rx.requests.clear()
+    res = sink.release({**EVENT, "event": "release"})
+    assert res.ok and "still quarantined by lightkeeper.io/quarantined-other" in res.detail
+    assert [t["key"] for t in api.node["spec"]["taints"]] == [
+        "other", "lightkeeper.io/quarantined-other"]
+    (cond,) = json.loads([r for r in rx.requests if r["path"].endswith("/status")][-1]["body"])[
+        "status"]["conditions"]
     assert cond["status"] == "True"
 
 

@@ -120,11 +120,9 @@ class KubernetesSink:
             # team's node) or this release is done, and nothing on the node is this job's
             if key not in (t.get("key") for t in _taints(obj)):
                 return ActionResult(True, f"node {node}: no {key} taint, nothing to release")
-            others = [k for k in _quarantine_keys(obj) if k != key]
-            if others:  # another quarantine of the node stays: cordon and condition too
-                self._patch_node(node, obj, key, None)
-                done.append(f"taint removed; still quarantined by {', '.join(others)}")
-            else:  # the condition before the taint: a retry after a failure finds the taint
+            released = not [k for k in _quarantine_keys(obj) if k != key]
+            if released:
+                # the condition before the taint: a retry after a failure finds the taint
                 self._set_condition(node, False, "Released",
                                     str(event.get("reason") or "released"))
                 done.append(f"condition {CONDITION}=False")
@@ -135,13 +133,18 @@ class KubernetesSink:
                     if _status(e) == 404:
                         return ActionResult(True, f"node {node}: gone, nothing to release")
                     raise
-                self._patch_node(node, obj, key, None)
-                done.append("taint removed")
-                if others := [k for k in _quarantine_keys(obj) if k != key]:
-                    # another job quarantined it meanwhile: its condition stands
+            if others := [k for k in _quarantine_keys(obj) if k != key]:
+                # another quarantine stays (or came meanwhile): cordon, and its condition
+                # before the taint goes, so a retry after a failure still finds the taint
+                if released or _condition(obj) == "False":
                     self._set_condition(node, True, "Quarantined",
                                         f"still quarantined by {', '.join(others)}")
-                    done.append(f"still quarantined by {', '.join(others)}")
+                    obj = self._get_node(node)
+                self._patch_node(node, obj, key, None)
+                done.append(f"taint removed; still quarantined by {', '.join(others)}")
+            else:
+                self._patch_node(node, obj, key, None)
+                done.append("taint removed")
         except Exception as e:
             return self._failure(node, done, e)
         return ActionResult(True, f"node {node}: " + "; ".join(done))
@@ -213,6 +216,15 @@ class KubernetesSink:
 def _taints(obj: Any) -> list[dict[str, Any]]:
     return [t.to_dict() if hasattr(t, "to_dict") else dict(t)
             for t in (obj.spec.taints or [])] if obj.spec else []
+
+
+def _condition(obj: Any) -> str | None:
+    """The node's LightkeeperQuarantined status as read ("True", "False"), None if unset."""
+    for c in (getattr(obj.status, "conditions", None) or []) if obj.status else []:
+        d = c.to_dict() if hasattr(c, "to_dict") else dict(c)
+        if d.get("type") == CONDITION:
+            return d.get("status")
+    return None
 
 
 def _quarantine_keys(obj: Any) -> list[str]:
