@@ -57,6 +57,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.unsure_kills: set[int] = set()
         # the incident open when the job was last relaunched: its redone steps are its cost
         self.rollback_incident: int | None = None
+        self.job_name: str | None = None  # as the ranks report it ("job" in /v1/state)
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
         self.open_intervals: dict[str, Interval] = {}  # group key -> the interval it extends
         self._closed_intervals: list[Interval] = []  # not saved yet
@@ -85,8 +86,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents.ingest_evictions(evictions, now, self.since)
         self._judge_kills(evictions)
         self._end_recoveries(now)
-        job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
-                                    self.reader.quorum_rids, self.reader.rids, self.last_at)
+        if first is not None:
+            self._follow_job(first.state.get("job"))
+        steps, job = self.reader.quorum_steps, self.job
+        # the incarnations still up, read only when the step fell (a group with no reachable
+        # rank reports its dead old incarnation's id: no sign the job was not relaunched)
+        seen = [g.replica_id for g in view.groups.values() if g.reachable] if (
+            steps and job.step is not None and max(steps) < job.step) else None
+        job_moved = job.ingest(steps, now, self.reader.step_at, self.reader.quorum_rids, seen,
+                               self.last_at)
         if self.job.relaunched:
             inc = self.incidents.recovering(now) or max(
                 self.incidents.open(), key=attrgetter("detected_at", "id"), default=None)
@@ -118,6 +126,16 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._settle(now, acct)
         acct.group_goodput_ratio, acct.job_goodput_ratio = self.slots.ratios()
         return acct
+
+    def _follow_job(self, name: Any) -> None:
+        """Another job on the same monitor (or --state): its steps redo none of this one's."""
+        if name is None:
+            return
+        name = str(name)
+        if self.job_name is not None and name != self.job_name:
+            self.job.forget_high()
+            self.rollback_incident = None
+        self.job_name = name
 
     def _explain(self, inc: Incident) -> None:
         """A new incident claims the unsettled badput since its onset that it explains: a
