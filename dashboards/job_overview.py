@@ -143,8 +143,7 @@ def job_overview() -> dict:
 # Badput causes of the monitor's goodput ledger (monitor.goodput.ledger.CAUSES), in stacking order,
 # with their colours; a test keeps the two lists in step.
 BADPUT_COLORS = {"startup": "blue", "capacity_lost": "red", "recovery": "orange",
-                 "rollback": "dark-orange", "stall": "dark-red", "straggler_drag": "yellow",
-                 "unattributed": "purple"}
+                 "stall": "dark-red", "straggler_drag": "yellow", "unattributed": "purple"}
 
 
 def _fixed_color(name: str, color: str) -> dict:
@@ -180,8 +179,7 @@ def _goodput_panels(L: Layout) -> None:
         "Per interval, the share of the job's replica-seconds that went to goodput (steps "
         "committed at healthy pace) and to each badput cause, stacked to 100%: startup, "
         "capacity_lost (a group out of the quorum), recovery (after an eviction until back at "
-        "pace), rollback (redoing the steps a relaunch from a checkpoint rolled back), stall (no "
-        "commit anywhere), straggler_drag, unattributed. Slow time is counted "
+        "pace), stall (no commit anywhere), straggler_drag, unattributed. Slow time is counted "
         "once its cause is settled (up to the attribution horizon later).",
         targets((f"{good} / {total}", "goodput"),
                 (f"sum by (cause) ({bad}) / scalar{total}", "{{cause}}")),

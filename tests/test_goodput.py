@@ -510,7 +510,7 @@ def test_settled_intervals_are_persisted(tmp_path):
 def test_dashboard_colours_every_badput_cause():
     from dashboards.build import BADPUT_COLORS
 
-    assert list(BADPUT_COLORS) == ["startup", "capacity_lost", "recovery", "rollback", "stall",
+    assert list(BADPUT_COLORS) == ["startup", "capacity_lost", "recovery", "stall",
                                    "straggler_drag", "unattributed"]
     assert set(BADPUT_COLORS) == set(CAUSES)
 

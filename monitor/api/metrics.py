@@ -158,8 +158,7 @@ class MonitorMetrics:
                                        "pace (this monitor process's accounting)")
         self.badput_seconds = counter("badput_seconds",
                                       "Replica-seconds lost, by cause (straggler_drag, stall, "
-                                      "recovery, rollback, capacity_lost, startup, "
-                                      "unattributed; slow time "
+                                      "recovery, capacity_lost, startup, unattributed; slow time "
                                       "counts once its cause is settled)", "cause")
         self.expected_groups = gauge("expected_replica_groups",
                                      "Replica groups the goodput ledger expects "

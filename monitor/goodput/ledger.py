@@ -55,9 +55,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.runs: list[Run] = []  # unsettled badput, a group's in time order
         # kills sent and not yet seen land: the recovery booked after them is held uncounted
         self.unsure_kills: set[int] = set()
-        # the incident open when the job was last relaunched: its redone steps are its cost
-        self.rollback_incident: int | None = None
-        self.job_name: str | None = None  # as the ranks report it ("job" in /v1/state)
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
         self.open_intervals: dict[str, Interval] = {}  # group key -> the interval it extends
         self._closed_intervals: list[Interval] = []  # not saved yet
@@ -86,19 +83,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents.ingest_evictions(evictions, now, self.since)
         self._judge_kills(evictions)
         self._end_recoveries(now)
-        if first is not None:
-            self._follow_job(first.state.get("job"))
-        steps, job = self.reader.quorum_steps, self.job
-        # the incarnations still up, read only when the step fell (a group with no reachable
-        # rank reports its dead old incarnation's id: no sign the job was not relaunched)
-        seen = [g.replica_id for g in view.groups.values() if g.reachable] if (
-            steps and job.step is not None and max(steps) < job.step) else None
-        job_moved = job.ingest(steps, now, self.reader.step_at, self.reader.quorum_rids, seen,
-                               self.last_at)
-        if self.job.relaunched:
-            inc = self.incidents.recovering(now) or max(
-                self.incidents.open(), key=attrgetter("detected_at", "id"), default=None)
-            self.rollback_incident = None if inc is None else inc.id
+        job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
+                                    self.reader.quorum_rids, self.reader.rids, self.last_at)
         if self.since is None:
             self.since = self.last_at = now
             self._revised.clear()
@@ -126,16 +112,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._settle(now, acct)
         acct.group_goodput_ratio, acct.job_goodput_ratio = self.slots.ratios()
         return acct
-
-    def _follow_job(self, name: Any) -> None:
-        """Another job on the same monitor (or --state): its steps redo none of this one's."""
-        if name is None:
-            return
-        name = str(name)
-        if self.job_name is not None and name != self.job_name:
-            self.job.forget_high()
-            self.rollback_incident = None
-        self.job_name = name
 
     def _explain(self, inc: Incident) -> None:
         """A new incident claims the unsettled badput since its onset that it explains: a
@@ -283,12 +259,9 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             good = np.where(at_pace, dt, earned)
             S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, held - earned))
             cum = S.cum[inside]
-            rest, credit, redo = dt - good, good - earned, self.job.redo
-            back = good * redo  # steps done before a relaunch, done again
-            if redo:
-                good, credit = good - back, credit * (1 - redo)
-            self.judged.add(t0, now, len(S), inside, cum - d, cum, credit)
+            self.judged.add(t0, now, len(S), inside, cum - d, cum, good - earned)
             self._add_good(inside, good, dt, acct)
+            rest = dt - good
             below = np.flatnonzero(rest > 1e-9)
             if len(below):
                 if recovering is not None:
@@ -303,7 +276,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                     cause, inc, slow = PENDING, None, True
                 self._book(self._run(t0, now, inside[below], rest[below].tolist(), cause,
                                      idle=idle), inc, acct)
-            self._book_rollback(t0, now, inside, back, acct)
         S.carry[outside] = 0.0
         self._add_good(outside, np.zeros(len(outside)), dt, acct)
         for slot in outside.tolist():
@@ -402,21 +374,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         for slot in inside.tolist() + outside.tolist():
             g = S.gids[slot]
             good = min(dt, int(deltas[slot]) * b) if b is not None and g in in_quorum else 0.0
-            back = good * self.job.redo
-            self._add_good(np.array([slot]), np.array([good - back]), dt, acct)
+            self._add_good(np.array([slot]), np.array([good]), dt, acct)
             if dt - good > 1e-9:
                 self._book(self._run(self.last_at, now, np.array([slot]), [dt - good],
                                      "unattributed"), None, acct)
-            self._book_rollback(self.last_at, now, np.array([slot]), np.array([back]), acct)
         self._book_unseen(unseen, self.last_at, now, "unattributed", acct)
-
-    def _book_rollback(self, t0: float, t1: float, slots: np.ndarray, back: np.ndarray,
-                       acct: SweepAccount) -> None:
-        """The time ``slots`` spent redoing steps a relaunch rolled back."""
-        m = back > 1e-9
-        if m.any():
-            self._book(self._run(t0, t1, slots[m], back[m].tolist(), "rollback"),
-                       self.incidents.get(self.rollback_incident), acct)
 
     def _book_unseen(self, unseen: int, t0: float, t1: float, cause: str,
                      acct: SweepAccount) -> None:
@@ -450,17 +412,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             r.counted = True
 
     def _settle(self, now: float, acct: SweepAccount) -> None:
-        """Badput nothing can change any more becomes final: tied to an incident, startup,
-        rollback or unseen at once, the rest after the horizon (pending as unattributed), in
-        time order."""
+        """Badput nothing can change any more becomes final: tied to an incident, startup or
+        unseen at once, the rest after the horizon (pending as unattributed), in time order."""
         cutoff = now - self.job.horizon
         keep: list[Run] = []
         blocked = np.zeros(len(self.slots), bool)  # an earlier run of the slot is open
         for r in self.runs:
             final = r.t1 <= cutoff or (r.cause != PENDING and not self._provisional(r)
                                        and not self._unsure(r) and (
-                r.incident is not None or r.cause in ("startup", "rollback")
-                or r.groups[0] is None))
+                r.incident is not None or r.cause == "startup" or r.groups[0] is None))
             if not final:
                 blocked[r.slots] = True
                 keep.append(r)

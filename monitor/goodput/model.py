@@ -10,8 +10,7 @@ import numpy as np
 
 from monitor.evidence.verification import as_int
 
-CAUSES = ("straggler_drag", "stall", "recovery", "rollback", "capacity_lost", "startup",
-          "unattributed")
+CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 UNSEEN = "unseen"  # the totals key of an expected group never seen
 SNAPSHOT_VERSION = 3

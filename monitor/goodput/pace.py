@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-from .model import HUGE, JOB_RESTART_STEPS, GoodputConfig, Incident
+from .model import JOB_RESTART_STEPS, GoodputConfig, Incident
 
 
 def pace_of(history: deque, window: float, b: float | None) -> float | None:
@@ -49,13 +49,6 @@ class JobPace:
         self.steady: tuple[float, int] | None = None  # see track_steady
         # the incarnations in the quorum when it last reached ``step`` (None: not known)
         self.rids: set[str] | None = None
-        # the furthest step the job reached, confirmed by a sweep after it with no fall (one
-        # rank's bad read must not raise it for good): a relaunch from a checkpoint redoes the
-        # steps up to it
-        self.high: int | None = None
-        self.redo_to: int | None = None  # relaunched below ``high``: the step to pass again
-        self.redo = 0.0  # the share of this sweep's progress that redid steps up to ``redo_to``
-        self.relaunched = False  # this sweep the job started over in new incarnations only
 
     @property
     def window(self) -> float:
@@ -69,13 +62,10 @@ class JobPace:
                rids: list[str | None] | None = None,
                seen: list[str | None] | None = None, prev: float | None = None) -> bool:
         """True if the in-quorum groups' steps moved the job on, dated by ``step_at`` (the ranks'
-        clock) if it falls after the previous sweep (``prev``), else at ``now``. The step falling
-        far, or with only new incarnations left (``rids`` in the quorum, ``seen`` those of the
-        view's groups with a reachable rank), starts the history over; with no old incarnation
-        seen it is a relaunch, whose steps up to the high-water step are then redone
-        (:attr:`redo`)."""
-        moved, at, was = False, now, self.step
-        self.relaunched = False
+        clock) if it falls after the previous sweep (``prev``), else at ``now``. The step falling far, or
+        with only new incarnations left (``rids`` in the quorum, ``seen`` in the view): a
+        relaunch."""
+        moved, at = False, now
         if steps:
             s = max(steps)
             if self.step is not None and s > self.step:
@@ -88,13 +78,9 @@ class JobPace:
             if self.step is not None and s < self.step and (
                     s < self.step - JOB_RESTART_STEPS or self._relaunched(rids, seen)):
                 self.history.clear()  # started over (e.g. from a checkpoint)
-                # an old incarnation still up: one group restarted (its peers' answers late, or
-                # a bad step read), not the job
-                self.relaunched = self._gone(seen)
             if self.step is None or s >= self.step or not self.history:
                 self.step = s
                 self.rids = set(rids or ()).difference((None,)) or None
-        self._track_high(was)
         if self.step is not None:
             self.history.append((at, self.step))
             # no baseline yet: W's 3 s floor holds no 3 steps of over a second (a LocalSGD
@@ -102,50 +88,13 @@ class JobPace:
             trim(self.history, now, self.window, 3 if self.baseline is None else 0)
         return moved
 
-    def _track_high(self, was: int | None) -> None:
-        """Move the high-water step and set :attr:`redo` for this sweep (``was``: the step
-        before it)."""
-        self.redo, step = 0.0, self.step
-        if step is None:
-            return
-        if self.relaunched:
-            if self.high is None or step < JOB_RESTART_STEPS:
-                # started from scratch (a new run, fine-tuning again): nothing is redone
-                self.high, self.redo_to = step, None
-            else:
-                if was is not None and was < HUGE:  # the whole job left it: it was reached
-                    self.high = max(self.high, was)
-                self.redo_to = self.high if step < self.high else None
-        elif was is not None and min(was, step) < HUGE:
-            # a step is confirmed once the next sweep's is no lower
-            self.high = max(min(was, step), self.high if self.high is not None else 0)
-        if self.redo_to is None:
-            return
-        rise = 0 if was is None or self.relaunched else step - was
-        if rise > JOB_RESTART_STEPS:  # a jump back to the quorum's step: healed, not redone
-            self.redo_to = None
-            return
-        if rise > 0:  # the part of the rise up to ``redo_to``
-            self.redo = min(1.0, max(0.0, (self.redo_to - was) / rise))
-        elif step < self.redo_to:
-            self.redo = 1.0
-        if step >= self.redo_to:
-            self.redo_to = None
-
-    def forget_high(self) -> None:
-        """Another job: the steps this one reached say nothing of its."""
-        self.high = self.redo_to = None
-
     def _relaunched(self, rids: list[str | None] | None, seen: list[str | None] | None
                     ) -> bool:
         # a new incarnation alone in the quorum for a sweep (the others' answers late at a
         # quorum change) is no relaunch while a group of the view still reports an old one
         return bool(rids) and bool(self.rids) and all(
-            r is not None and r not in self.rids for r in rids) and self._gone(seen)
-
-    def _gone(self, seen: list[str | None] | None) -> bool:
-        """No reachable group of the view runs an incarnation the quorum held at ``step``."""
-        return not self.rids or seen is None or self.rids.isdisjoint(seen)
+            r is not None and r not in self.rids for r in rids) and (
+            seen is None or self.rids.isdisjoint(seen))
 
     def frozen(self, now: float, incident: int | None) -> str | None:
         """Why the baseline takes no samples now (None: it does); ``incident``: the newest open

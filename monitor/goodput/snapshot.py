@@ -53,8 +53,6 @@ class GoodputSnapshot:
             # still dates its return to pace from the commits before it
             "job_step": job.step, "job_history": list(job.history),
             "job_rids": None if job.rids is None else sorted(job.rids),
-            "job_high": job.high, "job_redo_to": job.redo_to,
-            "rollback_incident": self.rollback_incident, "job_name": self.job_name,
             "quorum_top": self.reader.top,
             "baseline_samples": list(job.samples), "baseline": job.baseline,
             "pace": job.ratio, "slow_since": job.slow_since,
@@ -147,11 +145,6 @@ class GoodputSnapshot:
         led.went_on_at = state.get("went_on_at", led.last_commit_at)
         job.history.extend(tuple(x) for x in state["job_history"])
         job.rids = set(state.get("job_rids") or ()) or None  # an older snapshot's: not known
-        # an older snapshot's: the job's step (steps still to redo after a relaunch not known)
-        job.high, job.redo_to = state.get("job_high", job.step), state.get("job_redo_to")
-        led.rollback_incident = state.get("rollback_incident")
-        # a different job's ranks at the first sweep drop the mark (an older snapshot's: none)
-        led.job_name = state.get("job_name")
         # an older snapshot's: the job's step (the quorum's newest when it last moved on)
         led.reader.top = state.get("quorum_top", job.step)
         job.samples.extend(state["baseline_samples"])

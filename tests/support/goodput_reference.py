@@ -16,9 +16,7 @@ after a kill, not yet back, loses capacity on it (``_account_down``). And one of
 the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do.
 And: a commit the ranks date at or before the previous sweep is dated at the sweep that saw it
 (``_ingest_job_step``), and the slots never seen are booked as one slice a sweep
-(``_account``, ``_account_down``, ``_account_gap``). And: after a relaunch, the time spent
-redoing steps up to the furthest the job had reached is ``rollback`` (``_ingest_job_step``,
-``_account``, ``_account_gap``, ``_settle``)."""
+(``_account``, ``_account_down``, ``_account_gap``)."""
 
 from __future__ import annotations
 
@@ -35,7 +33,6 @@ from monitor.goodput.incidents import DRAG_KINDS
 from monitor.goodput.ledger import RELAUNCH_S
 from monitor.goodput.model import (  # the data and helpers the columns did not change
     CAUSES,
-    HUGE,
     JOB_RESTART_STEPS,
     PENDING,
     SNAPSHOT_VERSION,
@@ -155,12 +152,6 @@ class GoodputLedger:
         self.job_step: int | None = None
         self.job_history: deque = deque()  # (t, job step)
         self.job_rids: set[str] | None = None  # the in-quorum incarnations at job_step
-        # the furthest job step reached, confirmed by the next sweep's step being no lower
-        self.job_high: int | None = None
-        self.job_redo_to: int | None = None  # relaunched below job_high: the step to pass
-        self.job_redo = 0.0  # the share of this sweep's rise that redid steps up to job_redo_to
-        self.rollback_incident: int | None = None  # open at the last relaunch
-        self.job_name: str | None = None  # the ranks' "job"
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
         self.baseline: float | None = None
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
@@ -226,11 +217,6 @@ class GoodputLedger:
         self._ingest_findings(view, findings, now)
         self._ingest_evictions(evictions, now)
         self._end_recoveries(now)
-        name = None if first is None else first.state.get("job")
-        if name is not None:  # another job: nothing it does redoes this one's steps
-            if self.job_name is not None and str(name) != self.job_name:
-                self.job_high = self.job_redo_to = self.rollback_incident = None
-            self.job_name = str(name)
         job_moved = self._ingest_job_step(view, in_quorum, now)
         if self.since is None:
             self.since = self.last_at = now
@@ -320,8 +306,7 @@ class GoodputLedger:
 
     def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
         steps = [gv.step for g, gv in view.groups.items() if g in in_quorum and gv.step is not None]
-        moved, at, was = False, now, self.job_step
-        relaunch = False
+        moved, at = False, now
         if steps:
             s = max(steps)
             if self.job_step is not None and s > self.job_step:
@@ -330,46 +315,18 @@ class GoodputLedger:
                                if g in in_quorum and gv.step == s)
                 if step_at is not None and self.last_at is not None and step_at > self.last_at:
                     at = min(now, step_at)
-            # every in-quorum group a new incarnation, and no group of the view with a reachable
-            # rank an old one: relaunched, however few steps back
+            # every in-quorum group a new incarnation, and no group of the view an old one:
+            # relaunched, however few steps back
             rids = [gv.replica_id for g, gv in view.groups.items() if g in in_quorum]
-            gone = not self.job_rids or not any(
-                gv.replica_id in self.job_rids for gv in view.groups.values() if gv.reachable)
             relaunched = bool(rids) and bool(self.job_rids) and all(
-                r is not None and r not in self.job_rids for r in rids) and gone
+                r is not None and r not in self.job_rids for r in rids) and not any(
+                gv.replica_id in self.job_rids for gv in view.groups.values())
             if self.job_step is not None and s < self.job_step and (
                     s < self.job_step - JOB_RESTART_STEPS or relaunched):
                 self.job_history.clear()  # the job started over (e.g. from a checkpoint)
-                relaunch = gone  # an old incarnation still up: one group restarted, not the job
-                if relaunch:
-                    inc = self._recovering(now) or max(
-                        self._open_incidents(), key=lambda i: (i.detected_at, i.id),
-                        default=None)
-                    self.rollback_incident = None if inc is None else inc.id
             if self.job_step is None or s >= self.job_step or not self.job_history:
                 self.job_step = s
                 self.job_rids = set(rids).difference((None,)) or None
-        self.job_redo, step = 0.0, self.job_step
-        if step is not None and relaunch:
-            if self.job_high is None or step < JOB_RESTART_STEPS:  # a new run from scratch
-                self.job_high, self.job_redo_to = step, None
-            else:
-                if was < HUGE:
-                    self.job_high = max(self.job_high, was)
-                self.job_redo_to = self.job_high if step < self.job_high else None
-        elif step is not None and was is not None and min(was, step) < HUGE:
-            self.job_high = max(min(was, step), self.job_high or 0)
-        if step is not None and self.job_redo_to is not None:
-            rise = 0 if was is None or relaunch else step - was
-            if rise > JOB_RESTART_STEPS:  # back to the quorum's step: a heal, nothing redone
-                self.job_redo_to = None
-            else:
-                if rise > 0:
-                    self.job_redo = min(1.0, max(0.0, (self.job_redo_to - was) / rise))
-                elif step < self.job_redo_to:
-                    self.job_redo = 1.0
-                if step >= self.job_redo_to:
-                    self.job_redo_to = None
         if self.job_step is not None:
             self.job_history.append((at, self.job_step))
             _trim(self.job_history, now, self.window, 3 if self.baseline is None else 0)
@@ -648,7 +605,6 @@ class GoodputLedger:
             self._pending_to_stall(stall_cause)
         slow = False
         window = self.window if cut is None else min(self.window, now - cut)
-        redone: list[tuple[int, float]] = []  # (group, seconds) redoing rolled-back steps
         for g in inside:
             grp = self.groups[g]
             if startup:
@@ -662,14 +618,9 @@ class GoodputLedger:
                 good, grp.carry = dt, 0.0  # at healthy pace over the window: the whole interval
             else:
                 good, grp.carry = earned, min(b, held - earned)
-            rest, credit, redo = dt - good, good - earned, self.job_redo
-            back = good * redo
-            if redo:
-                good, credit = good - back, credit * (1 - redo)
-            if back > 1e-9:
-                redone.append((g, back))
-            grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, credit])
+            grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, good - earned])
             self._add(g, good, dt, acct)
+            rest = dt - good
             if rest <= 1e-9:
                 continue
             if recovering is not None:
@@ -683,9 +634,6 @@ class GoodputLedger:
             else:
                 cause, inc, slow = PENDING, None, True
             self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct, idle=idle)
-        for g, back in redone:
-            self._badput(t0, now, g, "rollback", back, self.groups[g].gpus,
-                         self.incidents.get(self.rollback_incident), acct)
         for g in outside:
             self.groups[g].carry = 0.0
             self._add(g, 0.0, dt, acct)
@@ -783,14 +731,10 @@ class GoodputLedger:
         b = self.baseline
         for g in inside + outside:
             good = min(dt, deltas.get(g, 0) * b) if b is not None and g in in_quorum else 0.0
-            back = good * self.job_redo
-            self._add(g, good - back, dt, acct)
+            self._add(g, good, dt, acct)
             if dt - good > 1e-9:
                 self._badput(self.last_at, now, g, "unattributed", dt - good,
                              self.groups[g].gpus, None, acct)
-            if back > 1e-9:
-                self._badput(self.last_at, now, g, "rollback", back, self.groups[g].gpus,
-                             self.incidents.get(self.rollback_incident), acct)
         for _ in range(unseen):
             self._add(None, 0.0, dt, acct)
         if unseen:
@@ -940,8 +884,7 @@ class GoodputLedger:
         for s in self.unsettled:
             key = self._key(s.replica_group)
             final = s.t1 <= cutoff or (s.cause != PENDING and not self._provisional(s) and (
-                s.incident is not None or s.cause in ("startup", "rollback")
-                or s.replica_group is None))
+                s.incident is not None or s.cause == "startup" or s.replica_group is None))
             if key in blocked or not final:
                 blocked.add(key)
                 keep.append(s)
@@ -1152,8 +1095,6 @@ class GoodputLedger:
                        for g, grp in self.groups.items()},
             "job_step": self.job_step, "job_history": list(self.job_history),  # the window, as monitor/goodput saves it
             "job_rids": None if self.job_rids is None else sorted(self.job_rids),
-            "job_high": self.job_high, "job_redo_to": self.job_redo_to,
-            "rollback_incident": self.rollback_incident, "job_name": self.job_name,
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
             "went_on_at": self.went_on_at,
@@ -1210,10 +1151,6 @@ class GoodputLedger:
         led.job_step = state.get("job_step")
         led.job_history.extend(tuple(x) for x in state.get("job_history") or [])
         led.job_rids = None if state.get("job_rids") is None else set(state["job_rids"])
-        led.job_high = state.get("job_high", led.job_step)
-        led.job_redo_to = state.get("job_redo_to")
-        led.rollback_incident = state.get("rollback_incident")
-        led.job_name = state.get("job_name")
         led.baseline_samples.extend(state.get("baseline_samples") or [])
         led.baseline = state.get("baseline")
         led.slow_since = state.get("slow_since")
