@@ -36,15 +36,33 @@ def _ipv6_loopback() -> bool:
         return False
 
 
-def _bindable(address: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _held_here(port: int) -> set[str]:
+    """The addresses this process listens on at ``port`` (its sockets in /proc/net/tcp*): what
+    the server holds, whatever other processes (another xdist worker) bind meanwhile."""
+    import os
+
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
         try:
-            s.bind((address, port))
-            return True
+            link = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            return False
+            continue
+        if link.startswith("socket:["):
+            mine.add(link[8:-1])
+    held = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            address, hex_port = f[1].split(":")
+            if f[3] == "0A" and int(hex_port, 16) == port and f[9] in mine:  # LISTEN
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1]
+                               for i in range(0, len(address), 8))
+                held.add(socket.inet_ntop(family, raw))
+    return held
 
 
 def _hello(environ, start_response):
@@ -65,9 +83,7 @@ def test_a_worker_server_on_a_dual_stack_localhost_serves_and_frees_its_port(mon
     finally:
         server.stop()
     # nothing of it holds the port once stopped, on either address
-    assert _bindable("127.0.0.1", server.port)
-    if _ipv6_loopback():
-        assert _bindable("::1", server.port)
+    assert _held_here(server.port) == set()
 
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="no ::1 on this host")
@@ -80,7 +96,7 @@ def test_the_first_address_is_the_one_bound(monkeypatch):
             s.sendall(b"GET / HTTP/1.0\r\n\r\n")
             assert b"hello" in s.makefile("rb").read()
         # one socket: the port is taken on ::1 only (waitress took another port on 127.0.0.1)
-        assert _bindable("127.0.0.1", server.port)
+        assert _held_here(server.port) == {"::1"}
     finally:
         server.stop()
 
@@ -137,7 +153,7 @@ def test_the_ipv6_wildcard_hears_ipv4_too():
             assert b"hello" in _get("::1", server.port)
     finally:
         server.stop()
-    assert _bindable("127.0.0.1", server.port)
+    assert _held_here(server.port) == set()
 
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="no ::1 on this host")
@@ -145,7 +161,7 @@ def test_a_specific_ipv6_address_is_served_on_ipv6_only():
     server = BackgroundWSGIServer(_hello, host="::1", port=0).start()
     try:
         assert b"hello" in _get("::1", server.port)
-        assert _bindable("127.0.0.1", server.port)  # as waitress: the IPv4 port is another's
+        assert _held_here(server.port) == {"::1"}  # as waitress: the IPv4 port is another's
     finally:
         server.stop()
 
