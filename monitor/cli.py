@@ -36,8 +36,9 @@ from .config import (
     RailsConfig,
     ShardConfig,
 )
+from .locks import StateInUse
 from .poll.admission import token_warning
-from .store import StateInUse, StateTooNew
+from .store import StateTooNew
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
+from .locks import hold_state
 from .poll.admission import (
     NotAllowed,
     ResolverBusy,
@@ -53,7 +54,7 @@ from .polling import Polling
 from .schedule import LeaderSchedule
 from .shard import Shards, expected_in_slice
 from .startup import allow_list, build_sinks, check_config, steady_clock
-from .store import Store, hold_state
+from .store import Store
 
 log = logging.getLogger(__name__)
 

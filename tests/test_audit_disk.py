@@ -18,8 +18,9 @@ import requests
 
 from lightkeeper.processes import wait_until
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
+from monitor.locks import StateInUse, hold_state
 from monitor.service import Monitor
-from monitor.store import StateInUse, Store, hold_state
+from monitor.store import Store
 from tests.support.monitor_sim import SimJob
 
 
@@ -178,7 +179,7 @@ def test_a_monitor_started_on_a_full_disk_says_so_in_one_line(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     script = (f"mount -t tmpfs -o size=512k tmpfs {disk} || exit 99; "
-              f"{sys.executable} -c 'import sys; from monitor.store import Store, hold_state; "
+              f"{sys.executable} -c 'import sys; from monitor.locks import hold_state; from monitor.store import Store; "
               f"hold_state(sys.argv[1]); Store(sys.argv[1]).close()' {disk}/state.sqlite && "
               f"dd if=/dev/zero of={disk}/fill bs=1k 2>/dev/null; "
               f"exec {sys.executable} -m lightkeeper.cli monitor --port 0 "
@@ -198,7 +199,8 @@ def test_a_monitor_started_on_a_full_disk_says_so_in_one_line(tmp_path):
 
 RESTORE_ON_A_FULL_DISK = """
 import json, os, shutil, sys
-from monitor.store import StateInUse, Store, hold_state
+from monitor.locks import StateInUse, hold_state
+from monitor.store import Store
 disk = sys.argv[1]
 path = os.path.join(disk, "state", "monitor.sqlite")
 lock = hold_state(path)

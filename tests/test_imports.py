@@ -175,7 +175,7 @@ def test_the_rules_catch_a_violation(source, module, expected):
 # Recorder engine that `lightkeeper analyze` also runs alone) is below every stage; the loop
 # (service), what it plans from the last sweep (schedule), sharding and the CLI wire them all.
 MONITOR_STAGES: list[tuple[str, ...]] = [
-    ("monitor.config", "monitor.store", "monitor.analysis"),
+    ("monitor.config", "monitor.locks", "monitor.store", "monitor.analysis"),
     ("monitor.poll",),
     ("monitor.evidence",),
     ("monitor.detect",),

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 from http_serving import host_for_url, redact_entry, redact_url
 
 from ..config import ConfigError
-from ..store import LockHeld, file_id, pid_lock
+from ..locks import LockHeld, file_id, pid_lock
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
