@@ -39,7 +39,7 @@ def test_a_monitor_that_never_swept_exports_what_monitor_missing_looks_for(tmp_p
     """LightkeeperMonitorMissing asked for lightkeeper_monitor_sweeps_total, which a monitor
     exports only after its first good sweep: one up but never sweeping fired it beside
     LightkeeperMonitorNotSweeping. It now asks for lightkeeper_monitor_dry_run, exported from
-    the start (promtool cases: dashboards/rules.py, NEVER_SWEPT)."""
+    the start (promtool cases: dashboards/rule_model.py, NEVER_SWEPT)."""
     import requests
 
     from dashboards import rules

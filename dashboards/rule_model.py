@@ -1,0 +1,70 @@
+"""The shapes of Lightkeeper's Prometheus rules (records, alerts, their promtool cases) and the
+series helpers the alerts' cases are written with (dashboards/alerts.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .promql import range_growth
+
+# Runbooks are sections of docs/dashboards.md, one per alert, headed by the alert's name.
+RUNBOOK_BASE = "https://github.com/lightkeeper/lightkeeper/blob/main/docs/dashboards.md"
+
+
+@dataclass(frozen=True)
+class Record:
+    record: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One promtool test: input series, when to evaluate, the alerts expected (none = silent)."""
+    name: str
+    series: list[tuple[str, str]]
+    eval_time: str
+    fires: list[dict[str, str]] = field(default_factory=list)
+    interval: str = "15s"
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    runbook: str
+    cases: list[Case]
+
+    def annotations(self) -> dict[str, str]:
+        return {"summary": self.summary, "description": self.description,
+                "runbook": self.runbook,
+                "runbook_url": f"{RUNBOOK_BASE}#{self.name.lower()}"}
+
+
+def grown(selector: str, window: str) -> str:
+    """How much a monitor counter grew within ``window`` (``15m``, ``1h``), per series, exactly
+    (:func:`dashboards.promql.range_growth`): a series new within the window (it appears
+    already at 1) counts with its whole value if its monitor was scraped a step before or had
+    just started (after a Prometheus restart every series looks new); a reset (a monitor
+    restart) counts the new value, as ``increase`` does."""
+    return range_growth(selector, ["lightkeeper_monitor_sweeps_total",
+                                   "lightkeeper_monitor_start_time_seconds"],
+                        "lightkeeper_monitor_start_time_seconds", window)
+
+
+W = 'job="train", lightkeeper_component="worker"'
+M = 'job="train", lightkeeper_component="monitor", instance="mon:19400"'
+M2 = 'job="train", lightkeeper_component="monitor", instance="mon2:19400"'
+
+
+def _worker(rg: int, extra: str = "") -> str:
+    return (f'{W}, instance="w{rg}:9000", replica_group="{rg}", rank="{rg}", group_rank="0"'
+            + (f", {extra}" if extra else ""))
+
+
+# a monitor up beside its ranks whose sweeps all fail: what it exports from its start, no sweep
+NEVER_SWEPT = [(f"up{{{M}}}", "1x40"), (f"lightkeeper_monitor_dry_run{{{M}}}", "0x40"),
+               (f"lightkeeper_step{{{_worker(0)}}}", "1x40")]
