@@ -28,7 +28,7 @@ from monitor.evidence.rank import RankView
 from monitor.service import Monitor
 from monitor.store import Store
 from tests.support.frgen import FRJob
-from tests.support.monitor_sim import SimJob, SimRanks
+from tests.support.monitor_sim import SimJob, SimRank, SimRanks
 from tests.support.views import scratch_view
 
 TOKEN = "s3cret"
@@ -123,6 +123,54 @@ def test_a_rank_dumping_for_someone_else_is_asked_again_within_the_timeout(tmp_p
                               {"id": 1, "decision": "evict", "status": "sending"}, [])
         m = json.loads(members(bundles.store.path(got["id"]))["manifest.json"])
         assert {r["rank"]: r["fr_trace"] for r in m["ranks"]} == {0: "ok", 1: "ok"}
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+
+
+def test_a_busy_rank_is_asked_again_until_it_answers_whatever_the_others_do(tmp_path):
+    """A bundle's culprit does not answer its dump (wedged, the usual case for a bundle): a rank
+    busy dumping for others for its first two asks is still asked again, every
+    ``BUSY_RETRY_S``, and its dump kept; one busy throughout is named busy; all by the
+    timeout."""
+    sim = SimRanks.start(4)
+    dumps = hang_dumps(4, absent=3)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    view = view_of(sim)
+    busy = {1: 2, 2: 10**6}  # rank -> its next dump asks answered 503
+    asked = {1: 0, 2: 0}
+
+    def busy_for(rank: SimRank):
+        plain = rank.respond
+
+        def respond(path, mode):
+            n = rank.state["rank"]
+            if path.startswith("/v1/fr_trace"):
+                asked[n] += 1
+                if busy[n] > 0:
+                    busy[n] -= 1
+                    return "503 Service Unavailable", "application/json", b'{"error": "busy"}'
+            return plain(path, mode)
+        return respond
+
+    for n in busy:
+        sim.ranks[n].respond = busy_for(sim.ranks[n])
+    sim.ranks[3].set_mode("fr_silent")
+    bundles, store = bundles_for(tmp_path, timeout_s=2.5)
+    try:
+        t0 = time.monotonic()
+        got = bundles.capture("evict", view, view, finding(3, [3]), 7,
+                              {"id": 1, "decision": "evict", "status": "sending"}, [])
+        took = time.monotonic() - t0
+        m = json.loads(members(bundles.store.path(got["id"]))["manifest.json"])
+        fr = {r["rank"]: r["fr_trace"] for r in m["ranks"]}
+        assert fr[0] == fr[1] == "ok", fr
+        assert fr[2] == "http_status: HTTP 503 Service Unavailable", fr
+        assert fr[3].startswith("timeout"), fr
+        assert asked[1] == 3 and asked[2] >= 3, asked
+        assert took < 2.5 + 2.0, took  # the timeout, plus writing
     finally:
         bundles.close()
         store.close()

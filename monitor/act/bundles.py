@@ -36,7 +36,7 @@ from ..store import Store
 log = logging.getLogger(__name__)
 
 MAX_STACKS_BYTES = 4 << 20  # a rank's stacks are KB; past this, not parsed before the kill
-BUSY_RETRY_S = 0.3  # a rank dumping for someone else (503) is asked again this much later
+BUSY_RETRY_S = 0.3  # a rank dumping for someone else (503) is asked again this often
 
 CONFIRM_KINDS = ("hang", "mismatch", "network")  # bundled when confirmed, evicted or not
 _ENCODE = msgspec.json.Encoder()
@@ -472,22 +472,25 @@ class Bundles:
         form = {index[(a[2], a[3])]: a[4] for a in asks}
         queries = [q for _, q in index]
         rows: list[tuple] = []
-        t0 = time.monotonic()
+        again: dict[int, tuple] = {}
+        busy: list[threading.Thread] = []
+        deadline = time.monotonic() + self.bc.timeout_s
+
+        def on_rows(batch: list[tuple]) -> None:
+            rows.extend(batch)
+            for r in batch:  # a 503 is asked again at once, not after the slowest rank
+                if r[5] == 503:
+                    t = threading.Thread(target=self._ask_busy, daemon=True,
+                                         args=(r[0], urls[r[0]], queries[r[0]], deadline, again),
+                                         name="lightkeeper-bundles-busy")
+                    t.start()
+                    busy.append(t)
+
         self._get_poller().sweep(urls, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
-                                 on_rows=rows.extend, queries=queries)
-        # 503: the rank was dumping for someone else (a sweep's fetch): asked once more, soon,
-        # within the timeout; a dump taken meanwhile is usually done in well under that
-        busy = [r[0] for r in rows if r[5] == 503]
-        left = self.bc.timeout_s - (time.monotonic() - t0) - BUSY_RETRY_S
-        if busy and left > 0:
-            time.sleep(BUSY_RETRY_S)
-            again: list[tuple] = []
-            self._get_poller().sweep([urls[i] for i in busy], "", left, self.cfg.max_fr_bytes,
-                                     on_rows=again.extend,
-                                     queries=[queries[i] for i in busy])
-            # a retry cut short by the time left says nothing truer than the first "busy"
-            answered = {busy[r[0]]: (busy[r[0]], *r[1:]) for r in again if r[3] != "timeout"}
-            rows = [answered.get(r[0], r) for r in rows]
+                                 on_rows=on_rows, per_batch=1, queries=queries)
+        for t in busy:  # each bounded by the deadline
+            t.join()
+        rows = [again.get(r[0], r) for r in rows]
         got: dict[int, tuple[bytes | None, str]] = {}
         for i, ok, body, reason, error, _status, latency, _at in rows:
             if not ok:
@@ -506,6 +509,23 @@ class Bundles:
                           "entries)")
         return {(a[0], a[1]): got.get(index[(a[2], a[3])], (None, "not answered"))
                 for a in asks}
+
+    def _ask_busy(self, i: int, url: str, query: str, deadline: float,
+                  out: dict[int, tuple]) -> None:
+        """Ask a rank that was dumping for someone else (503) again every ``BUSY_RETRY_S``
+        until it answers or ``deadline``; its last answer goes in ``out[i]``. A retry cut short
+        by the time left says nothing truer than "busy": not kept."""
+        while deadline - time.monotonic() > BUSY_RETRY_S:
+            time.sleep(BUSY_RETRY_S)
+            rows: list[tuple] = []
+            self._get_poller().sweep([url], "", deadline - time.monotonic(),
+                                     self.cfg.max_fr_bytes, on_rows=rows.extend,
+                                     queries=[query])
+            if not rows or rows[0][3] == "timeout":
+                return
+            out[i] = (i, *rows[0][1:])
+            if rows[0][5] != 503:
+                return
 
     def close(self) -> None:
         """Let a bundle under way finish (bounded by the fetch timeout and a write)."""
