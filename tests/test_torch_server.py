@@ -680,7 +680,7 @@ def test_a_store_read_again_and_again_is_read_on_one_connection():
     """A group whose ranks have not all written their addresses is read every 5 s: on one
     connection, not a new one a read (each cost the store's server a name lookup, which stalled
     the reads and the job's own store calls for seconds at a time). Every read answers; the
-    connection closes once the store holds every rank, and when its group is forgotten."""
+    connection closes when its group is forgotten."""
     dist = pytest.importorskip("torch.distributed")
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=5))
@@ -703,12 +703,42 @@ def test_a_store_read_again_and_again_is_read_on_one_connection():
         # forgotten: its connection closes; listed again, read on a new one
         assert reader.read([], NOW + 230) == {} and relay.wait_open(0) == 0
         assert reader.read(group, NOW + 240).keys() == rank0 and relay.accepted == 6
-        # every rank found: never read again, nothing kept open
+        # every rank found: read again every 30 s, on that same connection
         store.set("debug_server/rank1", "http://node8:4100")
-        assert len(reader.read(group, NOW + 245)) == 2 and relay.wait_open(0) == 0
-        assert len(reader.read(group, NOW + 250)) == 2 and relay.accepted == 6
+        assert len(reader.read(group, NOW + 245)) == 2
+        store.set("debug_server/rank1", "http://node8:4200")  # rank 1 restarted
+        assert "torch+http://node8:4100" in reader.read(group, NOW + 274)
+        assert "torch+http://node8:4200" in reader.read(group, NOW + 275)
+        assert relay.accepted == 6 and reader.error is None
     finally:
         relay.close()
+
+
+def test_a_group_restarted_on_its_kept_store_finds_its_new_ranks():
+    """torchrun restarts a group's workers on its agent's store (TORCHELASTIC_USE_AGENT_STORE):
+    the old ranks' keys survive, and the new Manager writes its replica id before every new rank
+    has rewritten its address. The read that then holds every rank, one of them the old
+    incarnation's, is not the last: the store is read again 30 s later and the new rank found."""
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    addr = f"127.0.0.1:{store.port}"
+    store.set("replica_id", "ft_1:old")
+    store.set("debug_server/rank0", "http://node7:1000")
+    store.set("debug_server/rank1", "http://node8:1001")
+    reader = StoreReader(timeout_s=5, forget_after_s=30)
+    assert len(reader.read([("ft_1:old", addr, 2)], NOW)) == 2
+    store.set("replica_id", "ft_1:new")  # the workers restarted; rank 1 not registered yet
+    store.set("debug_server/rank0", "http://node7:2000")
+    new = [("ft_1:new", addr, 2)]
+    found = reader.read(new, NOW + 1)
+    assert found["torch+http://node8:1001"].replica_id == "ft_1:new"  # its old address
+    store.set("debug_server/rank1", "http://node8:2001")
+    for t in range(2, 31):  # forget_after_s: the old incarnation's ranks are gone by now
+        reader.read(new, NOW + t)
+    found = reader.read(new, NOW + 31)
+    assert {u: (i.replica_id, i.group_rank) for u, i in found.items()} == {
+        "torch+http://node7:2000": ("ft_1:new", 0), "torch+http://node8:2001": ("ft_1:new", 1)}
 
 
 def test_a_store_that_never_answers_holds_the_sweep_its_timeout_only():

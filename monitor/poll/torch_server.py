@@ -36,6 +36,9 @@ STORE_PREFIX = "debug_server/rank"  # torch.distributed.debug._store: one key pe
 HANDLERS_TTL_S = 30.0  # a rank's handler list is asked again this often (or after a 404)
 STORE_RETRY_S = 5.0  # a store that could not be read (or lacked ranks) is asked again after
 STORE_RETRY_MAX_S = 80.0  # ... doubled after each further failure to read it, up to this
+# a store holding every rank is read again this often: torchrun restarting a group on its
+# agent's store keeps the old ranks' keys until each new rank rewrites its own
+STORE_REFRESH_S = 30.0
 MAX_STORE_READS = 64  # store reads under way (torch's client can wait without end) at most
 _GROUP_NUMBER = re.compile(r"(\d+)$")
 
@@ -219,7 +222,6 @@ class TorchPoller:
 @dataclass
 class _StoreRead:
     found: dict[str, TorchIdentity]
-    complete: bool
     at: float
     wait: float = STORE_RETRY_S  # read again this long after ``at`` (doubled by each failure)
 
@@ -259,13 +261,14 @@ class StoreReader:
     ``replica_id`` is the group's holds a ``debug_server/rank<i>`` address per rank. Needs torch
     (said once). Never raises. Stores due are read at once, each on a thread, waited for
     ``timeout_s`` at most; a late read is taken at a later call. A store that cannot be read is
-    said once and read again STORE_RETRY_S later, doubling up to STORE_RETRY_MAX_S.
+    said once and read again STORE_RETRY_S later, doubling up to STORE_RETRY_MAX_S. A store
+    lacking ranks is read again STORE_RETRY_S later, one holding them all STORE_REFRESH_S later.
 
-    A store read again (some of its ranks missing) is read on the connection its last read made:
-    torch's store server resolves every new client's address to a name (reverse DNS) on the
-    thread that serves the whole store, so a connection per read would hold the job's own store
-    calls for as long as that lookup takes. The connection is closed once the store holds all
-    its ranks, cannot be read, or its group is forgotten."""
+    A store read again is read on the connection its last read made: torch's store server
+    resolves every new client's address to a name (reverse DNS) on the thread that serves the
+    whole store, so a connection per read would hold the job's own store calls for as long as
+    that lookup takes. The connection is closed once the store cannot be read, or its group is
+    forgotten."""
 
     def __init__(self, timeout_s: float = 1.0, forget_after_s: float = 30.0) -> None:
         self.timeout_s, self.forget_after_s = timeout_s, forget_after_s
@@ -294,8 +297,7 @@ class StoreReader:
             self._last_listed[rid] = now
             key = (rid, store)
             got = self._reads.get(key)
-            if key in self._reading or got is not None and (
-                    got.complete or now - got.at < got.wait):
+            if key in self._reading or got is not None and now - got.at < got.wait:
                 continue
             if len(self._reading) >= MAX_STORE_READS:
                 self._say("reads", f"torch's debug server: {len(self._reading)} store reads "
@@ -340,13 +342,17 @@ class StoreReader:
         if not got.failed:
             self._said.discard(f"store:{key[1]}")  # read: a later failure is said again
         old = self._reads.get(key)
-        wait = min(2 * old.wait, STORE_RETRY_MAX_S) if got.failed and old is not None \
-            else STORE_RETRY_S
+        if got.failed and old is not None:
+            wait = min(2 * old.wait, STORE_RETRY_MAX_S)
+        elif not got.complete:
+            wait = STORE_RETRY_S
+        else:  # no client: nothing was read (no torch, no group number), nothing will change
+            wait = STORE_REFRESH_S if got.client is not None else float("inf")
         if got.found or old is None:
-            self._reads[key] = _StoreRead(got.found, got.complete, now, wait)
+            self._reads[key] = _StoreRead(got.found, now, wait)
         else:
             old.at, old.wait = now, wait
-        if got.client is not None and not got.complete:
+        if got.client is not None:
             self._clients[key] = got.client  # read again later: on this connection
 
     def _start(self, rid: str, store: str, ws: int) -> _Reading | _Got:
