@@ -5,7 +5,7 @@ pod of the job is left alone: the node is what a rank claims.
 Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration; RBAC in
 ``deploy/kubernetes/quarantine/``. Each step is idempotent, the first failure ends the attempt;
 release acts only on a node with the job's taint and uncordons only a node the quarantine
-cordoned. 400, 401, 403, 404 and 422 are not retried.
+cordoned. 400, 401, 403, 404 and 422 are not retried; a 404 in release is done (node gone).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from .base import ActionResult, SinkConfigError, one_node
 
-TAINT_KEY = "lightkeeper.io/quarantined"  # an older version's names no job: no release lifts it
+TAINT_KEY = "lightkeeper.io/quarantined"  # an older version's names no job: lifted by hand
 CORDONED = "lightkeeper.io/cordoned"  # annotation: the cordon is ours to undo
 CONDITION = "LightkeeperQuarantined"
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
@@ -109,16 +109,15 @@ class KubernetesSink:
         key = taint_key(str(event.get("job") or ""))
         done: list[str] = []
         try:
-            try:
-                obj = self._get_node(node)
-            except Exception as e:
-                if _status(e) == 404:  # the node is gone (replaced): nothing left to release
-                    return ActionResult(True, f"node {node}: gone, nothing to release")
-                raise
+            obj = self._get_node(node)
             # the job's taint is its only mark (the cordon and the condition are every job's):
             # without it the quarantine never happened (a claim not verified: maybe another
             # team's node) or this release is done, and nothing on the node is this job's
             if key not in (t.get("key") for t in _taints(obj)):
+                if TAINT_KEY in _quarantine_keys(obj):  # perhaps this job's, before an upgrade
+                    return ActionResult(False, f"node {node}: no {key} taint, but an older "
+                                        f"version's {TAINT_KEY}: lift it by hand (see "
+                                        "docs/quarantine.md)", retry=False)
                 return ActionResult(True, f"node {node}: no {key} taint, nothing to release")
             released = not [k for k in _quarantine_keys(obj) if k != key]
             if released:
@@ -127,25 +126,24 @@ class KubernetesSink:
                                     str(event.get("reason") or "released"))
                 done.append(f"condition {CONDITION}=False")
                 # read again: the status write made a new version, and the patch names its own
-                try:
-                    obj = self._get_node(node)
-                except Exception as e:
-                    if _status(e) == 404:
-                        return ActionResult(True, f"node {node}: gone, nothing to release")
-                    raise
+                obj = self._get_node(node)
             if others := [k for k in _quarantine_keys(obj) if k != key]:
-                # another quarantine stays (or came meanwhile): cordon, and its condition
+                # another quarantine stays (or came meanwhile): its condition, not this job's,
                 # before the taint goes, so a retry after a failure still finds the taint
-                if released or _condition(obj) == "False":
-                    self._set_condition(node, True, "Quarantined",
-                                        f"still quarantined by {', '.join(others)}")
-                    obj = self._get_node(node)
+                self._set_condition(node, True, "Quarantined",
+                                    f"still quarantined by {', '.join(others)}")
+                obj = self._get_node(node)
+                if not [k for k in _quarantine_keys(obj) if k != key]:
+                    # they left meanwhile: the True just written is stale; the retry releases
+                    return ActionResult(False, f"node {node}: the node changed meanwhile")
                 self._patch_node(node, obj, key, None)
                 done.append(f"taint removed; still quarantined by {', '.join(others)}")
             else:
                 self._patch_node(node, obj, key, None)
                 done.append("taint removed")
         except Exception as e:
+            if _status(e) == 404:  # the node is gone (replaced): nothing left to release
+                return ActionResult(True, f"node {node}: gone, nothing to release")
             return self._failure(node, done, e)
         return ActionResult(True, f"node {node}: " + "; ".join(done))
 
@@ -216,15 +214,6 @@ class KubernetesSink:
 def _taints(obj: Any) -> list[dict[str, Any]]:
     return [t.to_dict() if hasattr(t, "to_dict") else dict(t)
             for t in (obj.spec.taints or [])] if obj.spec else []
-
-
-def _condition(obj: Any) -> str | None:
-    """The node's LightkeeperQuarantined status as read ("True", "False"), None if unset."""
-    for c in (getattr(obj.status, "conditions", None) or []) if obj.status else []:
-        d = c.to_dict() if hasattr(c, "to_dict") else dict(c)
-        if d.get("type") == CONDITION:
-            return d.get("status")
-    return None
 
 
 def _quarantine_keys(obj: Any) -> list[str]:
