@@ -441,7 +441,8 @@ class Monitor:
         st = self.lighthouse_status
         if self.torch_stores is not None and st is not None:
             found = self.torch_stores.read(
-                [(m.replica_id, m.store, m.world_size) for m in st.members.values()], now)
+                [(m.replica_id, m.store, m.world_size) for m in st.members.values()], now,
+                failed=[u for u, p in polls.items() if not p.ok])
             self.discovery.set_torch({u: (i.replica_group, i.rank) for u, i in found.items()})
         # their enqueue times are on their wall clocks: judged by this host's, not self.clock
         self.torch_ranks.adapt(polls, self.torch_stores.identities()

@@ -739,6 +739,13 @@ def test_a_group_restarted_on_its_kept_store_finds_its_new_ranks():
     found = reader.read(new, NOW + 31)
     assert {u: (i.replica_id, i.group_rank) for u, i in found.items()} == {
         "torch+http://node7:2000": ("ft_1:new", 0), "torch+http://node8:2001": ("ft_1:new", 1)}
+    # restarted again: its old address stops answering, and the store is read again within
+    # STORE_RETRY_S, not STORE_REFRESH_S (before the dead detector could name the new group)
+    store.set("debug_server/rank1", "http://node8:3001")
+    gone = ["torch+http://node8:2001"]
+    assert "torch+http://node8:2001" in reader.read(new, NOW + 32, failed=gone)  # read at 31
+    found = reader.read(new, NOW + 36, failed=gone)
+    assert "torch+http://node8:3001" in found and "torch+http://node8:2001" not in found
 
 
 def test_a_store_that_never_answers_holds_the_sweep_its_timeout_only():

@@ -283,9 +283,16 @@ class StoreReader:
         """URL -> identity of every rank found and not forgotten."""
         return {u: i for r in self._reads.values() for u, i in r.found.items()}
 
-    def read(self, groups: Iterable[tuple[str, str, int]], now: float) -> dict[str, TorchIdentity]:
+    def read(self, groups: Iterable[tuple[str, str, int]], now: float,
+             failed: Iterable[str] = ()) -> dict[str, TorchIdentity]:
         """Read the due stores of ``groups`` (replica id, ``host:port``, world size); forget
-        groups unlisted for ``forget_after_s``. Blocks ``timeout_s`` at most; :meth:`identities`."""
+        groups unlisted for ``forget_after_s``. A store whose rank URL is in ``failed`` (its poll
+        failed) is due again STORE_RETRY_S after its last read: a restarted rank re-registers
+        under a new address. Blocks ``timeout_s`` at most; :meth:`identities`."""
+        failed = set(failed)
+        for r in self._reads.values():
+            if r.wait > STORE_RETRY_S and not failed.isdisjoint(r.found):
+                r.wait = STORE_RETRY_S
         started: list[tuple[str, str]] = []
         groups = list(groups)
         listed = {(rid, store) for rid, store, _ in groups}
