@@ -75,7 +75,8 @@ def test_k8s_two_jobs_on_one_node_release_only_their_own(kube):
     assert res.ok and "still quarantined by lightkeeper.io/quarantined-alpha" in res.detail
     assert quarantine_taints() == [("lightkeeper.io/quarantined-alpha", "dead_rank")]
     assert api.node["spec"]["unschedulable"] is True
+    # the condition stays True, now naming alpha's quarantine
     assert [r["path"] for r in rx.requests if r["method"] == "PATCH"] == \
-        ["/api/v1/nodes/node-1"]  # the condition stays True
+        ["/api/v1/nodes/node-1/status", "/api/v1/nodes/node-1"]
     assert sink.release({**alpha, "event": "release"}).ok
     assert quarantine_taints() == [] and api.node["spec"]["unschedulable"] is False
