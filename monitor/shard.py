@@ -174,7 +174,7 @@ class Shards:
             blind = blind_reason(mon.blind_reason(), evidence.reachable_fraction
                                  if evidence.ranks else 1.0, mon.cfg.rails,
                                  f"shard {self.cfg.index}")
-            self._report(lease, {
+            self._report(self.session.lease, {  # granted anew if it lapsed while proposing
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
                 "ranks": len(view.ranks), "run": self.run, "records_rev": records_rev,
@@ -257,7 +257,8 @@ class Shards:
                 log.warning("%s: the other monitor's lease ended: this one reports and "
                             "proposes", where)
             self.holds, self.held_by = True, None
-            self._holds_until = asked_at + self.session.granted_ttl
+            # renewed while proposing: held until later than the sweep's first renewal says
+            self._holds_until = max(self._holds_until, asked_at + self.session.granted_ttl)
             return
         kv = self.etcd.get(key)
         other = kv.json() if kv is not None else None
@@ -291,17 +292,32 @@ class Shards:
                     "decision": "proposed", "reason": f.kind, "source": "auto",
                     "status": "proposing", "replica_group": f.replica_group,
                     "replica_id": f.replica_id, "at": mon.clock()})
+                if not self._renewed():
+                    return
                 did = self._propose(f.replica_group, f.replica_id, _summary(f), fid,
                                     f.to_dict(), "auto")
                 if did is not None and bundle is not None:
                     mon.store.update_decision(did, bundle=bundle["id"])
         self._withdraw(wanted, records)
 
+    def _renewed(self) -> bool:
+        """After a proposal's bundle (up to --bundle-timeout on this thread): the lease renewed,
+        so a sweep of many proposals outlasts no hold; False: it lapsed meanwhile (its keys went,
+        another run may hold the slice), propose nothing more. Raises EtcdError."""
+        before, asked_at = self.session.lease, time.monotonic()
+        if self.session.refresh() != before:
+            return False
+        self._holds_until = asked_at + self.session.granted_ttl
+        return True
+
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
         """Delete this shard's automatic proposals that no open finding of this run stands behind
         and no leader acted on: a leader never evicts on evidence the shard no longer holds (one
         of an earlier run goes too: the next sweep proposes anew)."""
-        for rid, kv in _by_rid(self.etcd, self.root + "proposals/").items():
+        proposals = _by_rid(self.etcd, self.root + "proposals/")
+        # one gone (withdrawn by another run that held the slice meanwhile): proposed anew
+        self._proposed &= proposals.keys()
+        for rid, kv in proposals.items():
             p = kv.json()
             rec = records.get(rid)
             if not _is_proposal(p) or p.get("shard") != self.cfg.index or p.get("manual") \

@@ -6,7 +6,7 @@ A holder whose lease may have lapsed acts on nothing either, but still fetches b
 etcd call that times out is asked again before the hold lapses (monitor/shard.py).
 
 Two monitors of shard 0/1 in this process on an in-memory etcd (``MemEtcd``,
-tests/test_shard_rails.py), simulated ranks (tests/support/monitor_sim.py) whose
+tests/test_shard_rails.py; a real one where a lease must expire by itself), simulated ranks (tests/support/monitor_sim.py) whose
 ``POST /v1/exit`` and ``POST /v1/abort`` record what they were told, the Lighthouse's status
 faked (every group in the quorum and heard), a recording quarantine sink shared by both
 (tests/test_hosts.py); swept by hand.
@@ -21,12 +21,14 @@ import pytest
 
 import monitor.service
 import monitor.shard
+from lightkeeper.processes import free_port, stop_process
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.lease import EtcdError, SessionLease
+from monitor.lease import Etcd, EtcdError, SessionLease
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks
 from tests.test_hosts import RecordingSink
+from tests.test_monitor_shard import start_etcd
 from tests.test_shard_rails import PREFIX, ROOT, MemEtcd
 
 EXIT_TOKEN = "exit-tok"
@@ -325,5 +327,89 @@ def test_a_timed_out_renewal_is_asked_again_before_the_hold_lapses(tmp_path, mon
         assert (shard["acting"], shard["error"], shard["standby"]) == (True, None, False), shard
         assert etcd.calls > calls  # renewed in that sweep, not a third of the TTL later
     finally:
+        mon.stop()
+        sim.stop()
+
+
+def test_a_holder_whose_proposal_another_run_withdrew_proposes_it_again(pair):
+    """The holder proposes group 1's eviction; its lease lapses (a sweep outlasted it), the
+    standby takes the slice and withdraws the proposal as an earlier run's, then lapses in turn
+    before proposing anew. The holder, holding again, proposes it again: else no proposal
+    stands while the finding does and the leader never evicts."""
+    holder, standby, etcd = pair.holder, pair.standby, pair.etcd
+    rid = "replica_group_1:sim"
+    manager, dead = pair.sim.group(1)
+    dead.set_mode("down")
+    manager.update(timing={"waiting": {"scope": "group", "seconds": 5.0}})
+
+    def proposed_by() -> str | None:
+        p = etcd.value(f"proposals/{rid}")
+        return p["run"] if p else None
+
+    def lapse(mon: Monitor) -> None:  # etcd lets its lease go: the report under it goes too
+        etcd.call("/v3/lease/revoke", {"ID": str(mon.shard.session.lease)})
+
+    for _ in range(6):
+        _sweep(holder, standby)
+        if proposed_by():
+            break
+    assert proposed_by() == holder.shard.run
+    lapse(holder)
+    _sweep(standby, times=2)  # takes the slice, then withdraws the holder's proposal
+    assert proposed_by() is None
+    assert [d["detail"] for d in standby.store.decisions(decision="withdrawn")] == [
+        "made by an earlier run of this shard: proposed anew while a finding stands behind it"]
+    lapse(standby)
+    for _ in range(6):
+        _sweep(holder)
+        if proposed_by():
+            break
+    shard = holder.cluster_json()["shard"]
+    assert (shard["acting"], shard["standby"]) == (True, False), shard
+    assert proposed_by() == holder.shard.run
+
+
+@pytest.fixture
+def real_etcd(tmp_path):
+    """A real etcd's URL (tests/test_monitor_shard.py's): its leases expire by themselves."""
+    client = free_port()
+    proc = start_etcd(tmp_path, client, free_port())
+    try:
+        yield f"http://127.0.0.1:{client}"
+    finally:
+        stop_process(proc, grace=2.0)
+
+
+def test_a_holder_proposing_evictions_for_longer_than_its_lease_keeps_it(tmp_path, real_etcd):
+    """Groups 1, 2 and 3 each lose a rank (silent: each proposal's bundle waits out
+    --bundle-timeout 1.5 s on the sweep's thread) under --lease-ttl 2: the sweep that proposes
+    the three outlasts the lease unless it is renewed between them. The holder's report stands
+    after that sweep, with its run, so a leader reads the three proposals as this run's."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    mon = _holder(tmp_path, sim, Etcd(real_etcd), BundleConfig(timeout_s=1.5))
+    etcd = Etcd(real_etcd)
+    try:
+        mon.sweep_once()
+        assert mon.cluster_json()["shard"]["acting"] is True
+        for g in (1, 2, 3):
+            manager, dead = sim.group(g)
+            dead.set_mode("silent")
+            manager.update(timing={"waiting": {"scope": "group", "seconds": 5.0}})
+
+        def proposed() -> dict:
+            return {kv.key.rsplit("/", 1)[1]: kv.json()["run"]
+                    for kv in etcd.range_prefix(f"{ROOT}proposals/")}
+        for _ in range(4):
+            mon.sweep_once()
+            shard = mon.cluster_json()["shard"]
+            assert (shard["error"], shard["acting"]) == (None, True), shard
+            if len(proposed()) == 3:
+                break
+        assert proposed() == {f"replica_group_{g}:sim": mon.shard.run for g in (1, 2, 3)}
+        report = etcd.get(f"{ROOT}shards/0")
+        assert report is not None and report.json()["run"] == mon.shard.run
+        assert len(mon.incidents_json()["bundles"]) == 3  # kept before each proposal
+    finally:
+        etcd.close()
         mon.stop()
         sim.stop()
