@@ -270,6 +270,89 @@ def _wait_cross(r, phase: str, waiting_s: float, now: float, **state) -> None:
              timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": waiting_s}})
 
 
+@pytest.mark.parametrize("joiner", [False, True])
+def test_an_outage_noticed_a_long_sweep_late_dates_from_the_last_read(tmp_path, job, joiner):
+    """The Lighthouse goes right after a sweep read it and the next sweep comes 20 s later (a
+    long --interval or sweep); the ranks wait for their quorum since: the Lighthouse's stall, not
+    the network's. A group restarted 10 s into the outage, its first allreduce waiting for its
+    quorum, needs the Lighthouse as much: it holds nobody."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        read_at, q = d.clock.t, job.sim.group(0)[0].state["quorum_id"]
+        job.front_down()
+        d.clock.t += 19.0
+        for _ in range(3):
+            now = d.clock.t + 1.0  # the next sweep's
+            d.train.stall(now - read_at - 0.5, now)
+            if joiner:
+                for r in job.sim.group(3):
+                    _wait_cross(r, "allreduce", now - read_at - 10.0, now, quorum_id=q - 1)
+            d.sweep(steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.evidence["cause"] == "lighthouse", f.evidence["summary"]
+        assert "network fault" not in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
+def test_a_lighthouse_stall_whose_ranks_then_form_a_new_quorum_names_the_network(tmp_path, job):
+    """A stall named the Lighthouse's; it answers again and the ranks form a new quorum at the
+    same step, then block in its allreduce: that needed the Lighthouse, so the network's."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        d.sweep(steps=0)
+        d.train.stall(4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.evidence["cause"] == "lighthouse"
+        job.front_up()
+        job.alive.discard(3)  # a quorum of the other groups: a new quorum id
+        job.requorum()
+        for i in range(3):
+            d.train.stall(5.0 + i, d.clock.t + 1.0)
+            d.sweep(steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.evidence["cause"] == "network" and len(f.evidence["groups"]) == 3
+        assert "network fault" in f.evidence["summary"]
+        assert "may be waiting for their quorum" not in f.evidence["summary"]
+    finally:
+        d.mon.stop()
+
+
+def test_groups_through_the_collective_after_a_stall_confirmed_keep_it_open(tmp_path, job):
+    """Three groups get their part of the stalled allreduce through after the stall is confirmed
+    (a step ahead, waiting for a quorum), one still blocked in it: no step committed job-wide,
+    the same stall (one finding, one row), over once the job steps on."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        d.train.stall(4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        for g in (0, 1, 2):
+            for r in job.sim.group(g):
+                r.update(step=d.train.step + 1, phase="quorum", phase_since=d.clock.t,
+                         timing={**r.state["timing"], "waiting": None})
+        for i in range(3):
+            for r in job.sim.group(3):
+                _wait_cross(r, "allreduce", 7.0 + i, d.clock.t + 1.0)
+            d.sweep(steps=0)
+            assert d.mon.detectors.job_findings() == [f]
+        assert sorted(f.evidence["groups"]) == ["0", "1", "2", "3"]
+        d.sweep(steps=2)
+        assert d.mon.detectors.job_findings() == []
+        assert [(r["kind"], r["resolution"]) for r in d.mon.store.findings()] == [
+            ("job_stall", "progress")]
+    finally:
+        d.mon.stop()
+
+
 @pytest.mark.parametrize("phase", ["allreduce", "quorum"])
 @pytest.mark.parametrize("joiner_s,stall", [(8.0, False), (60.0, True)])
 def test_a_group_joining_holds_the_others_in_either_phase_with_the_lighthouse_down(

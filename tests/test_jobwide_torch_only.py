@@ -70,7 +70,8 @@ class Job:
 def test_a_stall_of_torch_only_ranks_with_the_lighthouse_unreadable_does_not_blame_it():
     """Every rank blocked in the cross-group all_reduce past the hang threshold, the Lighthouse
     unreadable: the stall is reported, but not as the Lighthouse's (a network fault would look
-    the same: the steps the ranks show are the Lighthouse's last read, not theirs)."""
+    the same: the steps the ranks show are the Lighthouse's last read, not theirs). Once the
+    Lighthouse answers again the cause is kept, and the summary no longer says it does not."""
     job, t = Job(), NOW
     for i in range(4):  # training, the Lighthouse read: its step moves
         t += 1.0
@@ -84,3 +85,10 @@ def test_a_stall_of_torch_only_ranks_with_the_lighthouse_unreadable_does_not_bla
     assert "the ranks may be waiting for their quorum" not in f.evidence["summary"]
     assert "cannot be told apart" in f.evidence["summary"]
     assert f.evidence["cause"] == "unknown"
+    for _ in range(2):  # the Lighthouse answers again, the job still stalled
+        t += 1.0
+        job.sweep(t, _status(43), _dump(14, True, since))
+    (f,) = job.detectors.job_findings()
+    assert f.evidence["cause"] == "unknown" and f.evidence["lighthouse_unreadable"] is False
+    assert "does not answer" not in f.evidence["summary"]
+    assert "did not answer the monitor when the stall began" in f.evidence["summary"]

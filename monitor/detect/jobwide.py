@@ -190,8 +190,10 @@ class JobWide:
         self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
         # (quorum id, newest step, when, re-based) as every rank's verdict became
-        # lighthouse_unreadable; the quorum id and step those ranks report themselves
+        # lighthouse_unreadable; the quorum id and step those ranks report themselves; when:
+        # the last sweep that read it (a long sweep or --interval notices an outage late)
         self._lh_out: tuple[int | None, int | None, float, bool] | None = None
+        self._lh_read_at: float | None = None  # the last sweep whose ranks read the Lighthouse
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
@@ -247,11 +249,11 @@ class JobWide:
             return
         if not all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
                    for r in fresh):
-            self._lh_out = None
+            self._lh_out, self._lh_read_at = None, now
             return
         top, q = _own_reports(groups) or (None, None)
         if self._lh_out is None:
-            self._lh_out = (q, top, now, False)
+            self._lh_out = (q, top, now if self._lh_read_at is None else self._lh_read_at, False)
             return
         q0, top0, since, rebased = self._lh_out
         # the step in flight got its quorum before the outage, and it may be reported only
@@ -306,7 +308,7 @@ class JobWide:
         top = max((gv.step for gv in groups if gv.step is not None), default=None)
         if was is None:
             self._unseen = 0
-        elif (over := self._stall_over(was, top, blind)) is not None:
+        elif (over := self._stall_over(was, top, view, blind)) is not None:
             self.findings.resolve(key, over, now)
             return None
         if blamed:
@@ -343,10 +345,13 @@ class JobWide:
                 "hosts": sorted(gv.hosts)}
         hosts = _hosts(groups)
         past = sorted(gv.replica_group for gv in through)
-        if was is not None and was.evidence.get("cause") in ("lighthouse", "network", "unknown"):
+        kept = was.evidence.get("cause") if was is not None else None
+        if kept in ("network", "unknown") or kept == "lighthouse" \
+                and was.evidence.get("quorum_id") == view.quorum_id:
             # open, so no step passed the stalled one: the same stall keeps the cause it opened
-            # with, whether the Lighthouse answers again or the monitor loses it meanwhile
-            cause = was.evidence["cause"]
+            # with, whether the Lighthouse answers again or the monitor loses it meanwhile; but
+            # a newer quorum formed needed the Lighthouse: judged again (then network, kept)
+            cause = kept
         elif cause == "lighthouse" and now - longest < self._lh_out[2] - JOIN_SLACK_S:
             cause = "network"  # stalled before the monitor lost the Lighthouse: not its outage
         why = {"lighthouse": "the Lighthouse does not answer the monitor either: the ranks may "
@@ -354,9 +359,14 @@ class JobWide:
                              "the Lighthouse did not answer the monitor when the stall began, "
                              "and no step has committed since: the ranks may be waiting for "
                              "their quorum",
-               "unknown": "the Lighthouse does not answer the monitor, and the ranks, on "
-                          "torch's debug server only, show its last read as their step: a wait "
-                          "for their quorum and a network fault cannot be told apart",
+               "unknown": ("the Lighthouse does not answer the monitor, and the ranks, on "
+                           "torch's debug server only, show its last read as their step: a wait "
+                           "for their quorum and a network fault cannot be told apart"
+                           if lh_down else
+                           "the Lighthouse did not answer the monitor when the stall began, and "
+                           "the ranks, on torch's debug server only, showed its last read as "
+                           "their step: a wait for their quorum and a network fault could not be "
+                           "told apart"),
                "network": "a network fault makes every group wait alike"
                           + (f"; the Lighthouse does not answer the monitor, but {reached}: the "
                              "ranks reach it" if reached else "")}[cause]
@@ -374,16 +384,25 @@ class JobWide:
               "replica_ids": {str(gv.replica_group): gv.replica_id for gv in groups}}
         return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
 
-    def _stall_over(self, was: Finding, top: int | None, blind: bool = False) -> str | None:
+    def _stall_over(self, was: Finding, top: int | None, view: ClusterView,
+                    blind: bool = False) -> str | None:
         """Why an open job_stall is over at the quorum's newest step ``top``, if it is:
-        ``progress`` (a step past it), ``restarted`` (below every stalled group's step, or none
-        of their incarnations left), ``no_quorum`` (none seen for --dead-sweeps unblind sweeps)."""
+        ``progress`` (a step past it, but not just the others through the collective while a
+        group stalled in it still waits there), ``restarted`` (below every stalled group's step,
+        or none of their incarnations left), ``no_quorum`` (none seen for --dead-sweeps unblind
+        sweeps)."""
         if top is None:
             self._unseen += not blind
             return "no_quorum" if self._unseen >= self.cfg.dead_sweeps else None
         self._unseen = 0
         ev = was.evidence
-        if top > ev["step"]:
+        # the others only through the collective, a step ahead of a group stalled in it that
+        # still waits there at its step: the same stall, no step committed
+        if top > ev["step"] and not any(
+                g.get("waiting_s") is not None and g["step"] == top - 1
+                and (gv := view.groups.get(int(k))) is not None and gv.step == g["step"]
+                and any(collective_wait(r.state)[0] == "cross" for r in gv.ranks if r.fresh)
+                for k, g in ev["groups"].items()):
             return "progress"  # a step committed, not a group gone
         steps = [g["step"] for g in ev["groups"].values() if g.get("step") is not None]
         stalled = {(int(g), rid) for g, rid in (ev.get("replica_ids") or {}).items()}
