@@ -32,6 +32,7 @@ lowest pace over ``DIP_WINDOW_S`` windows there (``min_vs_healthy``).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection
 from typing import Any
 
 PACE_WINDOW_S = 3.0   # the ledger's W floor; W = max(3 s, 20 steps) is longer past 0.15 s steps
@@ -206,48 +207,87 @@ def merge_goodput(old: dict | None, new: dict | None) -> dict | None:
     return {**new, "incidents": merged}
 
 
-def ledger_incident(fault: dict, goodput: dict | None, t0_unix: float) -> dict | None:
-    """The monitor's incident for ``fault``: same replica group, detected within 1.5 s of the
-    fault's detection (else the first whose onset lies between the strike and the rejoin: a
-    crash the story saw no detection of still has its ``dead`` incident)."""
+def fault_start(f: dict) -> float | None:
+    """When fault ``f`` began to act: its strike, else its arming if the monitor caught it all
+    the same (a crash gone before a look at it); None: it never acted."""
+    if f.get("struck_at_s") is not None:
+        return f["struck_at_s"]
+    return f.get("injected_at_s") if f.get("detected_at_s") is not None else None
+
+
+def fault_windows(faults: list[dict], restarts: list[tuple[int, float]],
+                  end: float) -> list[tuple[float, float] | None]:
+    """Each fault's time in the job (demo seconds; None: it never acted): from its start to its
+    group's rejoin, or without one its group's next restart (a new incarnation, without the
+    fault) or the run's end; cut where the next fault of its group starts. ``restarts``: the
+    supervisor's (group, time)."""
+    starts = [fault_start(f) for f in faults]
+    out: list[tuple[float, float] | None] = []
+    for f, start in zip(faults, starts, strict=True):
+        if start is None:
+            out.append(None)
+            continue
+        g = f["replica_group"]
+        stop = f.get("rejoined_at_s")
+        if stop is None:
+            stop = min((t for rg, t in restarts if rg == g and t > start), default=end)
+        nxt = [s for o, s in zip(faults, starts, strict=True)
+               if o["replica_group"] == g and s is not None and s > start]
+        out.append((start, min([stop, *nxt])))
+    return out
+
+
+def detected_incident(fault: dict, goodput: dict | None, t0_unix: float) -> dict | None:
+    """The fault's group's incident the monitor detected within 1.5 s of the fault's
+    detection."""
+    if not goodput or fault.get("detected_at_s") is None:
+        return None
+    det = t0_unix + fault["detected_at_s"]
+    close = [i for i in goodput.get("incidents") or [] if i.get("replica_group")
+             == fault["replica_group"] and i.get("kind") != "manual"
+             and i.get("detected_at") is not None and abs(i["detected_at"] - det) <= 1.5]
+    return min(close, key=lambda i: abs(i["detected_at"] - det)) if close else None
+
+
+def ledger_incident(fault: dict, goodput: dict | None, t0_unix: float,
+                    until: float | None = None, taken: Collection = ()) -> dict | None:
+    """The monitor's incident for ``fault``: :func:`detected_incident`, else the first of its
+    group whose onset lies between the strike and ``until`` (the end of the fault's window,
+    :func:`fault_windows`; not given: its rejoin) and that is not in ``taken`` (the ids other
+    faults' detections matched): a crash the story saw no detection of still has its ``dead``
+    incident."""
     start = fault.get("struck_at_s")
     if start is None:
         start = fault.get("detected_at_s")
     if not goodput or start is None:
         return None
-    incs = [i for i in goodput.get("incidents") or [] if i.get("replica_group")
-            == fault["replica_group"] and i.get("kind") != "manual"]
-    if fault.get("detected_at_s") is not None:
-        det = t0_unix + fault["detected_at_s"]
-        close = [i for i in incs if i.get("detected_at") is not None
-                 and abs(i["detected_at"] - det) <= 1.5]
-        if close:
-            return min(close, key=lambda i: abs(i["detected_at"] - det))
+    close = detected_incident(fault, goodput, t0_unix)
+    if close is not None:
+        return close
     lo = t0_unix + start - 2.0
-    hi = t0_unix + (fault.get("rejoined_at_s") or 1e18)
-    inside = [i for i in incs if i.get("onset_at") is not None and lo <= i["onset_at"] <= hi]
+    hi = t0_unix + (until if until is not None else fault.get("rejoined_at_s") or 1e18)
+    inside = [i for i in goodput.get("incidents") or [] if i.get("replica_group")
+              == fault["replica_group"] and i.get("kind") != "manual"
+              and i.get("onset_at") is not None and lo <= i["onset_at"] <= hi
+              and i.get("id") not in taken]
     return min(inside, key=lambda i: i["onset_at"]) if inside else None
 
 
 def job_wide_owners(faults: list[dict], goodput: dict | None, t0_unix: float,
-                    end: float) -> dict[int, list[dict]]:
+                    end: float, restarts: list[tuple[int, float]] = ()) -> dict[int, list[dict]]:
     """Fault index -> the job-wide incidents (no replica group: the survivors' stall while the
-    fault's group goes) whose onset lies between its strike and its group's rejoin; one that
-    two faults' windows hold is the later-struck fault's."""
+    fault's group goes) whose onset lies in its window (:func:`fault_windows`); one that two
+    faults' windows hold is the later-started fault's."""
     out: dict[int, list[dict]] = {}
+    windows = fault_windows(faults, list(restarts), end)
     for inc in (goodput or {}).get("incidents") or []:
         onset = inc.get("onset_at")
         if inc.get("replica_group") is not None or inc.get("kind") == "manual" or onset is None:
             continue
-        owner = None
-        for k, f in enumerate(faults):
-            start = f.get("struck_at_s")
-            stop = f.get("rejoined_at_s") if f.get("rejoined_at_s") is not None else end
-            if start is not None and t0_unix + start - 2.0 <= onset <= t0_unix + stop \
-                    and (owner is None or start > faults[owner]["struck_at_s"]):
-                owner = k
-        if owner is not None:
-            out.setdefault(owner, []).append(inc)
+        held = [(w[0], k) for k, w in enumerate(windows)
+                if w is not None and t0_unix + w[0] - 2.0 <= onset <= t0_unix + w[1]]
+        if held:
+            out.setdefault(max(held)[1], []).append(inc)
     return out
 
 

@@ -99,23 +99,22 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
     return out
 
 
-def attributed_fault(d: dict, faults: list[dict], end: float) -> int | None:
-    """The fault (1-based) that explains detection ``d``: same group, confirmed between its
-    strike (arming, if no strike was seen; 1 s slack) and its group's rejoin (else the end)."""
-    for i, f in enumerate(faults, 1):
-        start = f["struck_at_s"] if f["struck_at_s"] is not None else (
-            f["injected_at_s"] if f["detected_at_s"] is not None else None)
-        # a job-wide finding (the survivors' stall) is the fault's whose window holds it
-        if start is None or d["replica_group"] not in (None, f["replica_group"]):
-            continue
-        stop = f["rejoined_at_s"] if f["rejoined_at_s"] is not None else end
-        if start - FINDING_SLACK_S <= d["at_s"] <= stop + FINDING_SLACK_S:
-            return i
-    return None
+def attributed_fault(d: dict, faults: list[dict], end: float,
+                     restarts: list[tuple[int, float]] = ()) -> int | None:
+    """The fault (1-based) that explains detection ``d``: confirmed in the fault's window
+    (:func:`lightkeeper.recovery.fault_windows`, 1 s slack) in the same group, or for a
+    job-wide finding (the survivors' stall) the latest-started of those whose window holds it,
+    as :func:`lightkeeper.recovery.job_wide_owners` gives the cost."""
+    held = [(w[0], i) for i, (f, w) in enumerate(
+        zip(faults, recovery.fault_windows(faults, list(restarts), end), strict=True), 1)
+        if w is not None and d["replica_group"] in (None, f["replica_group"])
+        and w[0] - FINDING_SLACK_S <= d["at_s"] <= w[1] + FINDING_SLACK_S]
+    return max(held)[1] if held else None
 
 
 def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
-               faults: list[dict] | None = None, end: float = float("inf")) -> list[dict]:
+               faults: list[dict] | None = None, end: float = float("inf"),
+               restarts: list[tuple[int, float]] = ()) -> list[dict]:
     """Every finding the monitor confirmed, with the culprits it named and the fault it is
     attributed to (``fault``: 1-based index into ``faults``, null when no fault explains it)."""
     out = []
@@ -132,7 +131,7 @@ def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
              "culprit_hosts": culprit_hosts, "replica_id": f.get("replica_id"),
              "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev),
              "bundle": next((e["bundle"] for e in ev if e.get("bundle")), None)}
-        d["fault"] = attributed_fault(d, faults or [], end)
+        d["fault"] = attributed_fault(d, faults or [], end, restarts)
         out.append(d)
     return sorted(out, key=lambda d: d["at_s"])
 
@@ -172,14 +171,21 @@ def settings(demo) -> dict[str, Any]:
 
 def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthouse: list[dict],
                evictions: list[dict], goodput: dict | None, t0_unix: float, end: float,
-               groups: int, cfg: dict[str, Any]) -> None:
+               groups: int, cfg: dict[str, Any],
+               restarts: list[tuple[int, float]] = ()) -> None:
     """Add each fault's ``stages``, ``recovery_s``, measured ``cost`` and computed
     ``torchft_alone`` (:mod:`lightkeeper.recovery`) in place."""
     healthy = healthy_rate(ph)
-    job_wide = recovery.job_wide_owners(faults, goodput, t0_unix, end)
+    job_wide = recovery.job_wide_owners(faults, goodput, t0_unix, end, restarts)
+    windows = recovery.fault_windows(faults, list(restarts), end)
+    detected = [recovery.detected_incident(f, goodput, t0_unix) for f in faults]
     for k, f in enumerate(faults):
         st = recovery.stages(f, samples, lighthouse, evictions, healthy, end)
-        inc = recovery.ledger_incident(f, goodput, t0_unix)
+        # an incident another fault's detection matched is not this one's too
+        taken = {i.get("id") for j, i in enumerate(detected) if i is not None and j != k}
+        inc = recovery.ledger_incident(f, goodput, t0_unix,
+                                       until=None if windows[k] is None else windows[k][1],
+                                       taken=taken)
         cost = recovery.measured_cost(inc, t0_unix, groups, job_wide.get(k, []))
         # a recovery another fault's confirmation cut short: its end is that detection, not
         # the job back at pace
@@ -233,9 +239,10 @@ def build_report(demo) -> dict[str, Any]:
     faults = [dict(f) for f in demo.faults]
     ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks)
     healthy = healthy_rate(ph)
-    for f in faults:
+    restarts = [(e["replica_group"], e["t"]) for e in demo.events if e["kind"] == "restarted"]
+    for f, w in zip(faults, recovery.fault_windows(faults, restarts, end), strict=True):
         start = f["struck_at_s"]
-        stop = f["rejoined_at_s"] or (end if start is not None else None)
+        stop = None if w is None else w[1]
         if healthy and start is not None and stop is not None:
             a, b = _job_step_at(demo.ticks, start), _job_step_at(demo.ticks, stop)
             if a is not None and b is not None:
@@ -251,7 +258,7 @@ def build_report(demo) -> dict[str, Any]:
     for f in faults:
         f["host_state"] = host_state(hosts_view, f.get("host"))
     recoveries(faults, ph, demo.samples, demo.lighthouse_log, evictions, demo.goodput,
-               demo.t0_unix, end, demo.args.groups, cfg)
+               demo.t0_unix, end, demo.args.groups, cfg, restarts)
     return {
         "version": REPORT_VERSION,
         "started_at_unix": round(demo.t0_unix, 3),
@@ -263,7 +270,8 @@ def build_report(demo) -> dict[str, Any]:
         "outcome": ("interrupted" if demo.interrupted else "error" if demo.error else "completed"),
         "error": demo.error,
         "faults": faults,
-        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, now),
+        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, now,
+                                 restarts),
         "evictions": evictions,
         "restarts": [{"replica_group": e["replica_group"], "at_s": e["t"]}
                      for e in demo.events if e["kind"] == "restarted"],

@@ -13,6 +13,7 @@ from .columns import with_none
 from .model import (
     CAUSES,
     INTERVAL_FIELDS,
+    PENDING,
     SNAPSHOT_VERSION,
     UNSEEN,
     GoodputConfig,
@@ -153,17 +154,23 @@ class GoodputSnapshot:
         for kind, cols in enumerate((state["totals"], state["gpu_totals"])):
             slots = [0 if key == UNSEEN else S.index[int(key)] for key in cols["key"]]
             S.good[kind, slots], S.exp[kind, slots] = cols["goodput"], cols["expected"]
-            for c, cause in enumerate(CAUSES):
-                has = [v is not None for v in cols.get(cause, ())]
+            for cause, vals in cols.items():
+                if cause in ("key", "goodput", "expected"):
+                    continue
+                # a cause another version wrote is unattributed here: its seconds stay counted
+                c = CAUSES.index(cause if cause in CAUSES else "unattributed")
+                has = [v is not None for v in vals]
                 if any(has):
                     at = np.asarray(slots)[has]
-                    S.bad[kind, c, at] = [v for v in cols[cause] if v is not None]
+                    S.bad[kind, c, at] += [v for v in vals if v is not None]
                     S.has[kind, c, at] = True
         for name in COUNTS:
             setattr(led, name, state[name])
         for d in state["unsettled"]:
             slots = np.fromiter((0 if g is None else S.index[g] for g in d["groups"]), np.int64,
                                 len(d["groups"]))
+            if d["cause"] not in (*CAUSES, PENDING):  # settling it would raise every sweep
+                d = {**d, "cause": "unattributed"}
             led.runs.append(Run(slots=slots, **d))
         iv = state["open_intervals"]
         led.open_intervals = {k: Interval(*row) for k, *row in zip(

@@ -1,0 +1,93 @@
+"""Which fault a finding, a ledger incident and lost steps belong to in the demo's report
+(:func:`lightkeeper.recovery.fault_windows`): a fault whose group never rejoins holds them only
+until its group's next restart or the next fault of its group, not to the end of the run; a
+job-wide finding is the latest-started open fault's, as its cost is. In-process, from plain data
+in the shapes the demo records (``tests/test_demo_baseline.py``)."""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace as NS
+
+from lightkeeper import demo as demo_cli
+from lightkeeper import recovery, report
+from lightkeeper.scenario import Scenario
+
+T0 = 1_800_000_000.0
+
+
+def fault(g: int, struck: float, detected: float | None, rejoined: float | None) -> dict:
+    return {"replica_group": g, "group_rank": 0, "rank": g, "host": f"node-{g}",
+            "spec": "slow_compute:delay=0.6,from_step=15,rank=0", "given": "live",
+            "injected_at_s": struck - 1.0, "struck_at_s": struck, "detected_at_s": detected,
+            "detected_kind": None if detected is None else "straggler", "finding_ranks": None,
+            "culprit_ranks": None, "culprit_hosts": None, "evicted_at_s": None,
+            "restarted_at_s": None, "survivors_committing_at_s": None,
+            "rejoined_at_s": rejoined, "steps_lost": None,
+            "outcome": "recovered" if rejoined else "not detected", "note": None,
+            "host_quarantined_at_s": None, "restarted_on": None, "restarted_addr": None}
+
+
+def ticks() -> list[tuple[float, int]]:
+    """2 steps/s from 10 s, 1 step/s while a straggler is in (20-30 s, 40-50 s), to 60 s."""
+    out, step, t = [], 0.0, 10.0
+    while t <= 60.0 + 1e-9:
+        out.append((round(t, 2), int(step)))
+        step += 0.5 * (1.0 if 20.0 <= t < 30.0 or 40.0 <= t < 50.0 else 2.0)
+        t += 0.5
+    return out
+
+
+def finding(g: int | None, at: float) -> dict:
+    return {"kind": "straggler" if g is not None else "job_stall", "replica_group": g,
+            "replica_id": None, "ranks": [], "confirmed_at": T0 + at}
+
+
+def demo(faults, findings, goodput, events) -> NS:
+    p = argparse.ArgumentParser()
+    demo_cli.add_arguments(p)
+    tk = ticks()
+    return NS(args=p.parse_args(["--groups", "2", "--ranks-per-group", "1"]), sc=Scenario(),
+              dir="/nonexistent", evictions=[], faults=faults, goodput=goodput,
+              lighthouse_log=[], now=lambda: tk[-1][0] + 2, samples=[], ticks=tk,
+              train_start_s=10.0, t0_unix=T0, interrupted=False, error=None,
+              monitor_url=None, pids=list, prom_note=None, prom=None, events=events,
+              findings=findings, user_url=lambda u: u, cluster=NS(lighthouse_url="http://lh"))
+
+
+def test_a_fault_never_seen_to_rejoin_does_not_claim_the_next_faults_findings_steps_or_cost():
+    # fault 1: a straggler in group 1 at 20 s the monitor missed, never rejoined (it passed at
+    # 30 s); fault 2: another in group 1 at 40 s, caught at 41 s, group 1 back at 50 s
+    faults = [fault(1, 20.0, None, None), fault(1, 40.0, 41.0, 50.0)]
+    goodput = {"incidents": [  # fault 2's, its onset dated a little early; a later one
+        {"id": 7, "kind": "straggler", "replica_group": 1, "onset_at": T0 + 39.5,
+         "detected_at": T0 + 41.0, "open": False, "cost": {"replica_seconds": 5.0}},
+        {"id": 8, "kind": "dead", "replica_group": 1, "onset_at": T0 + 55.0,
+         "detected_at": None, "open": False, "cost": {"replica_seconds": 1.0}}]}
+    events = [{"t": 48.0, "kind": "restarted", "replica_group": 1, "detail": "warm spare"}]
+    at = {35.0: 1, 41.0: 2, 55.0: None}  # 55 s: after fault 2's rejoin, a false alarm
+    rep = report.build_report(demo(faults, [finding(1, t) for t in at], goodput, events))
+    assert {d["at_s"]: d["fault"] for d in rep["detections"]} == at
+    one, two = rep["faults"]
+    assert one["cost"] is None and two["cost"]["incident"] == 7  # neither 7 twice nor 8
+    # each its own 10 s at half pace: fault 1's is not counted to the end of the run
+    assert (one["steps_lost"], two["steps_lost"]) == (10, 10)
+
+
+def test_a_fault_never_seen_to_rejoin_ends_at_its_groups_next_restart():
+    missed = fault(1, 20.0, None, None)
+    restarts = [(1, 20.0), (0, 25.0), (1, 30.0)]  # at the strike, another group's, its own
+    assert report.attributed_fault({"replica_group": 1, "at_s": 29.0}, [missed], 60.0,
+                                   restarts) == 1
+    assert report.attributed_fault({"replica_group": 1, "at_s": 35.0}, [missed], 60.0,
+                                   restarts) is None
+    assert report.attributed_fault({"replica_group": 1, "at_s": 35.0}, [missed], 60.0) == 1
+
+
+def test_a_job_wide_finding_is_the_fault_its_cost_goes_to():
+    # group 1's fault never rejoined; group 0's struck later and is still open at 27 s
+    faults = [fault(1, 20.0, None, None), fault(0, 25.0, 26.0, 35.0)]
+    stall = {"id": 9, "kind": "job_stall", "replica_group": None, "onset_at": T0 + 26.5}
+    owners = recovery.job_wide_owners(faults, {"incidents": [stall]}, T0, 60.0)
+    assert owners == {1: [stall]}
+    assert report.attributed_fault({"replica_group": None, "at_s": 27.0}, faults, 60.0) == 2
