@@ -168,18 +168,24 @@ def _finding(data: bytes) -> dict[str, Any] | None:
 
 
 def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
-                    finding: dict[str, Any] | None = None, analyzed: bool = True
-                    ) -> dict[str, Any]:
+                    finding: dict[str, Any] | None = None, analyzed: bool = True,
+                    compared: set[int] | None = None) -> dict[str, Any]:
     """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``.
     ``analysis_agrees``: the named ranks are some finding's culprits (:func:`_named`), or all
     findings' together (a cross-group hang is one finding per torchft group); None when none are
-    named, no dump was ``analyzed``, or the kind does not show in a dump (``flight_recorder_shows``)."""
+    named, no dump was ``analyzed``, the kind does not show in a dump (``flight_recorder_shows``),
+    or a named straggler's arrivals were ``compared`` with no peer's (``unchecked`` says so)."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
     shows = manifest.get("kind") in FR_KINDS
     culprits = [set(_named(f)) for f in findings]
     agrees = set(named) in [*culprits, set().union(*culprits)] if named and shows and analyzed \
         else None
+    # a straggler the dumps could not time against any peer is neither confirmed nor denied
+    unchecked = agrees is False and manifest.get("kind") == "straggler" and compared is not None \
+        and not set(named) <= compared
+    if unchecked:
+        agrees = None
     ev = (finding or {}).get("evidence")
     summary = ev.get("summary") if isinstance(ev, dict) else None
     return {"id": manifest.get("id"), "trigger": manifest.get("trigger"),
@@ -189,7 +195,7 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
             "not_fetched": [r for r in manifest.get("ranks") or []
                             if r.get("fr_trace") != "ok" or r.get("stacks") != "ok"],
             "left_out": manifest.get("left_out") or [], "analysis_agrees": agrees,
-            "flight_recorder_shows": shows,
+            "flight_recorder_shows": shows, "unchecked": unchecked,
             "summary": summary[:500] if isinstance(summary, str) else None}
 
 

@@ -86,7 +86,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if inputs.quorums:
         report["torchft_quorums"] = inputs.quorums
     if inputs.bundles:
-        report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding, bool(result.ranks))
+        report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding, bool(result.ranks),
+                                             result.compared)
                              for b in inputs.bundles]
     if args.format == "json":
         json.dump(report, out, indent=2)
@@ -193,6 +194,8 @@ def format_text(report: dict[str, Any]) -> str:
         when = {"evict": "kept before the kill", "confirm": "kept when confirmed"}.get(b["trigger"], b["trigger"])
         if not b.get("flight_recorder_shows", True):
             agrees = f"a {b['kind']} fault does not show in Flight Recorder dumps"
+        if b.get("unchecked"):
+            agrees = f"these dumps cannot check it: no other rank could be timed against rank(s) {named}"
         lines.append(f"incident bundle {b['id']}: the monitor named rank(s) {named} of replica group {b['replica_group']} "
                      f"({b['kind']}, {when}){'; ' + agrees if agrees else ''}")
         if b.get("summary"):

@@ -83,7 +83,8 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
             notes.append(f"no straggler check in {len(groups)} group(s) ({', '.join(g.label() for g in groups[:5])}"
                          f"{', ...' if len(groups) > 5 else ''}): " + UNCHECKED[why])
     return AnalysisResult(ranks=sorted(traces), unknown_ranks=sorted(unknown), findings=findings,
-                          errors=errors, last_seq=last_seq, lags=lags, notes=notes)
+                          errors=errors, last_seq=last_seq, lags=lags, notes=notes,
+                          compared=evidence.compared)
 
 
 def nothing_recorded(traces: Mapping[int, RankTrace]) -> bool:

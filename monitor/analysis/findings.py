@@ -111,6 +111,7 @@ class AnalysisResult:
     last_seq: dict[GroupKey, dict[int, int]] = field(default_factory=dict)
     lags: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
+    compared: set[int] = field(default_factory=set)  # ranks the straggler check could time
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": list(self.ranks), "unknown_ranks": list(self.unknown_ranks), "errors": list(self.errors),

@@ -57,6 +57,7 @@ class StragglerEvidence:
         # no two ranks' arrivals comparable, no clock shared: groups whose dumps name no host,
         # and groups whose every rank is on a host of its own
         self.unchecked: dict[str, list[GroupKey]] = {"no_host": [], "own_hosts": []}
+        self.compared: set[int] = set()  # ranks whose arrivals were set against a peer's
 
     def add(self, key: GroupKey, members: list[int], rows: Mapping[int, GroupTrace], same_host: bool,
             config: StragglerConfig) -> None:
@@ -80,6 +81,7 @@ class StragglerEvidence:
             if not subsets:
                 named = all(self.traces[r].host for r in members)  # else --same-host may help
                 self.unchecked["own_hosts" if named else "no_host"].append(key)
+        self.compared.update(r for ranks in subsets for r in ranks)
         if any(len(ranks) == 2 for ranks in subsets):
             self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
                                               for r in members[:3]])
