@@ -29,7 +29,7 @@ class Processes:
         finally:  # a Ctrl-C as it returns: the Lighthouse is stopped with the rest
             if self.cluster.lighthouse is not None:
                 self.procs.append(self.cluster.lighthouse.proc)
-        self.event("lighthouse", None, self.cluster.lighthouse_url)
+        self.event("lighthouse", None, self.user_url(self.cluster.lighthouse_url))
         self.start_monitor()
         self.cluster.extra_env["LIGHTKEEPER_MONITOR"] = self.monitor_url
         specs: dict[int, list[str]] = {}
@@ -48,7 +48,8 @@ class Processes:
             except TimeoutError as e:
                 raise ClusterError(str(e)) from None
         for g, grp in sorted(self.cluster.groups.items()):
-            self.event("started", g, "WorkerServers " + ", ".join(grp.worker_urls.values()))
+            urls = map(self.user_url, grp.worker_urls.values())
+            self.event("started", g, "WorkerServers " + ", ".join(urls))
         self.start_prometheus()
         self.status = "waiting for the first quorum"
         wait_until(lambda: self.tick() or self.all_stepping(), 180, interval=0.0,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,18 @@ def check_rank_addresses(r: dict, ranks: list[str]) -> None:
         assert b"CUDA_VISIBLE_DEVICES=" in environ, (url, pid)
 
 
+def check_printed_urls(r: dict) -> None:
+    """The Lighthouse's and the WorkerServers' URLs the demo printed as it started them, and the
+    report's, are ones a user on this machine reaches: on namespaced hosts, 127.0.0.1 forwards."""
+    printed = [u for e in r["events"] if e["kind"] in ("lighthouse", "started")
+               for u in re.findall(r"http://[^\s,]+", e["detail"])]
+    assert len(printed) == 1 + r["config"]["groups"] * r["config"]["ranks_per_group"], printed
+    if netns(r):
+        assert all(u.startswith("http://127.0.0.1:") for u in printed), printed
+    assert printed[0] == r["urls"]["lighthouse"], (printed, r["urls"])
+    assert requests.get(r["urls"]["lighthouse"] + "/status", timeout=5).ok
+
+
 def test_default_scenario(tmp_path):
     demo = RunningDemo.start(tmp_path, "--healthy-s", "6", "--end-s", "3")
     try:
@@ -107,6 +120,7 @@ def test_default_scenario(tmp_path):
         check_shape(r)
         check_straggler_finding(r)
         check_rank_addresses(r, demo.check_keeps_working(r))
+        check_printed_urls(r)
         check_ft_hsdp(demo.text())
     except BaseException:
         demo.kill()
