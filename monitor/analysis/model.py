@@ -141,7 +141,8 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
 
 def _count(raw: Any) -> int | None:
     # torch writes them as strings in JSON, as ints in pickles
-    if isinstance(raw, str) and raw.lstrip("-").isdigit():
+    # ASCII only: str.isdigit() also passes "²", which int() refuses
+    if isinstance(raw, str) and raw.isascii() and raw.removeprefix("-").isdigit():
         return int(raw)
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 

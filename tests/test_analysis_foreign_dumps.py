@@ -1,0 +1,55 @@
+"""Dumps as torch writes them, not as the WorkerServer does: pg_status keyed by a per-process
+pg id (only groups that recorded an entry), onlyActive dumps of a TP x DP job, a rank blocked in
+one hang blamed for another, odd pg_status counts and a JSON file with a byte order mark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor.analysis import analyze
+from tests.support.frgen import FRJob
+
+
+def torch_ids(dumps: dict[int, dict]) -> dict[int, dict]:
+    """torch numbers a process's groups in the order it built them: pg_status keys and entries'
+    pg_id are those numbers, not pg_config's names (rank 3 of a TP x DP job: {0,1,2} vs 0,2,4)."""
+    for d in dumps.values():
+        uid = {name: i for i, name in enumerate(d["pg_config"])}
+        d["pg_status"] = {str(uid[k]): v for k, v in d["pg_status"].items()}
+        for e in d["entries"]:
+            e["pg_id"] = uid[e["process_group"][0]]
+    return dumps
+
+
+def only_active(dumps: dict[int, dict]) -> dict[int, dict]:
+    for d in dumps.values():
+        d["entries"] = [e for e in d["entries"] if e["state"] != "completed"]
+    return dumps
+
+
+def tp_dp_job() -> dict[int, dict]:
+    """TP 2 x DP 2 ("1" {0,1}, "2" {2,3}, "3" {0,2}, "4" {1,3}): rank 3 is stuck in compute
+    before its TP all_reduce; rank 2 waits in it, rank 0 waits for rank 2 in DP, rank 1 for 3."""
+    job = FRJob(4)
+    for name, ranks in (("1", [0, 1]), ("2", [2, 3]), ("3", [0, 2]), ("4", [1, 3])):
+        job.group(name, ranks)
+    job.collective("0", "barrier")
+    for _ in range(4):
+        for g in ("1", "2", "3", "4"):
+            job.collective(g)
+    job.collective("1")
+    job.collective("2", absent=[3])
+    job.collective("3", absent=[2])
+    job.collective("4", absent=[3])
+    return torch_ids(job.dumps())
+
+
+def hangs(result: Any) -> dict[str, tuple]:
+    return {f.group.pg: (f.seq, f.culprit_ranks, f.waiting_ranks) for f in result.findings if f.kind == "hang"}
+
+
+def test_a_count_of_other_digits_costs_one_rank_not_the_analysis():
+    dumps = tp_dp_job()
+    for raw in ("²", "--5"):
+        dumps[1]["pg_status"]["1"]["last_enqueued_collective"] = raw
+        assert hangs(analyze(dumps))["2"] == (5, [3], [2])
