@@ -13,6 +13,7 @@ import io
 import json
 import os
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -126,6 +127,44 @@ def test_a_rank_dumping_for_someone_else_is_asked_again_within_the_timeout(tmp_p
     finally:
         bundles.close()
         store.close()
+        sim.stop()
+
+
+def test_a_busy_rank_whose_retry_cannot_start_ends_the_bundle_by_its_timeout(tmp_path,
+                                                                            monkeypatch):
+    """No thread to spare (a pids limit) for a 503's retry: the 503 is kept and the bundle
+    ends by ``--bundle-timeout``; raised on the poller's loop, the sweep never ended."""
+    sim = SimRanks.start(2)
+    dumps = hang_dumps(2, absent=1)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    view = view_of(sim)
+    rank, plain = sim.ranks[1], sim.ranks[1].respond
+
+    def respond(path, mode):
+        if path.startswith("/v1/fr_trace"):
+            return "503 Service Unavailable", "application/json", b'{"error": "busy"}'
+        return plain(path, mode)
+    rank.respond = respond
+    rank.set_mode("slow", delay=0.3)  # the sweep's last answer
+    bundles, _ = bundles_for(tmp_path, timeout_s=1.0)
+    real = threading.Thread.start
+
+    def start(self):
+        if self.name == "lightkeeper-bundles-busy":
+            raise RuntimeError("can't start new thread")
+        return real(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("got", bundles.capture(
+        "evict", view, view, finding(1, [1]), 7, {"id": 1, "decision": "evict"}, [])),
+        daemon=True)
+    real(t)
+    t.join(8)
+    try:
+        assert not t.is_alive(), "the bundle still blocked 8 s after a 1 s --bundle-timeout"
+        assert out["got"] is not None
+    finally:
         sim.stop()
 
 

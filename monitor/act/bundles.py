@@ -483,7 +483,11 @@ class Bundles:
                     t = threading.Thread(target=self._ask_busy, daemon=True,
                                          args=(r[0], urls[r[0]], queries[r[0]], deadline, again),
                                          name="lightkeeper-bundles-busy")
-                    t.start()
+                    try:  # raised on the poller's loop, it would never end the sweep
+                        t.start()
+                    except RuntimeError as e:  # no thread to spare (pids limit): 503 kept
+                        log.warning("incident bundle: %s not asked again: %s", urls[r[0]], e)
+                        continue
                     busy.append(t)
 
         self._get_poller().sweep(urls, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
