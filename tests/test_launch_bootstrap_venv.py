@@ -384,3 +384,29 @@ def test_a_checkout_run_through_a_symlinked_path_is_not_installed_again(tmp_path
         done = bootstrap(via)
         assert done.returncode == 0, done.stderr
     assert (root / "pip.log").read_text().count("-e .[dev]") == 1
+
+
+def fake_torch(site: Path, version: str, imported: Path) -> None:
+    """A torch distribution of ``version`` whose import leaves ``imported`` behind."""
+    (site / "torch").mkdir()
+    (site / "torch/__init__.py").write_text(f"open({str(imported)!r}, 'w').close()\n"
+                                            f"__version__ = {version!r}\n")
+    info = site / f"torch-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize("version", ["2.13.0+cpu", "2.12.0"])
+def test_torchs_version_is_read_without_importing_it(tmp_path, version):
+    """``bin/lightkeeper`` runs bootstrap before every command: importing torch there to read its
+    version cost seconds a call. The pinned torch is left alone, another one replaced."""
+    root = prepared(tmp_path)
+    venv = real_venv(root, root / ".venv")
+    imported = tmp_path / "torch-imported"
+    fake_torch(site_packages(venv), version, imported)
+    done = bootstrap(root)
+    assert done.returncode == 0, done.stderr
+    assert not imported.exists(), "bootstrap imported torch"
+    pinned = version.startswith("2.13.0")
+    assert ("install -q --disable-pip-version-check torch==2.13.0" in
+            (root / "pip.log").read_text().splitlines()) is not pinned, done.stderr
