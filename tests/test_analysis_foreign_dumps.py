@@ -4,8 +4,10 @@ one hang blamed for another, odd pg_status counts and a JSON file with a byte or
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from lightkeeper.cli import main
 from monitor.analysis import analyze
 from tests.support.frgen import FRJob
 
@@ -53,3 +55,11 @@ def test_a_count_of_other_digits_costs_one_rank_not_the_analysis():
     for raw in ("²", "--5"):
         dumps[1]["pg_status"]["1"]["last_enqueued_collective"] = raw
         assert hangs(analyze(dumps))["2"] == (5, [3], [2])
+
+
+def test_a_json_dump_with_a_byte_order_mark_is_read(tmp_path, capsys):
+    for rank, dump in tp_dp_job().items():
+        (tmp_path / f"rank{rank}.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(dump).encode())
+    code = main(["analyze", "--format", "json", "--jobs", "1", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out)
+    assert (report["ranks"], report["errors"], code) == ([0, 1, 2, 3], [], 1)

@@ -110,7 +110,7 @@ def dump_kind(head: bytes) -> str | None:
     ``"tar"``, ``"pickle"``, the first that fits in that order (:func:`read_dump`'s, once it has
     unpickled any file whose byte 0 opens a pickle), else None. JSON and a pickle are told by their
     first byte after any whitespace; read_dump refuses whitespace before a pickle."""
-    first = head.lstrip()[:1]
+    first = head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]  # a UTF-8 BOM: json.loads reads past it
     if first in (b"{", b"["):
         return "json"
     if head[:2] == b"\x1f\x8b":
