@@ -19,7 +19,8 @@ Every command runs in its own fresh interpreter, as a user would run it. For eac
   unpickler: the C reader's side-by-side comparison; ``c vs python`` in each row);
 - ``serial``: the same with ``--jobs 1`` (no worker processes), once, for reference;
 - ``floor``: the parallel load and nothing else: the same worker pool reading and unpickling
-  every file (``run_pool`` of :func:`read_only`), no normalizing, no analysis;
+  every file with C ``pickle.load`` (``run_pool`` of :func:`read_only`), no normalizing, no
+  analysis;
 - ``fields floor``: the floor plus the least any loader must add: reading, in each entry, the
   fields the analysis needs (one ``itemgetter`` of them per entry, :func:`read_fields`), and
   nothing else: no columns, no checks, no answer sent back.
@@ -194,29 +195,34 @@ def torchfrtrace_cmd(path: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(path), "-p", "rank"]
 
 
-def read_only(path: str) -> tuple[None, str | None]:
-    """The floor's task: a file read and decoded as the loader reads it, then dropped. A pool
-    task (``run_pool``): ``(None, None)``, or ``(None, error)`` for a file that is not a dump."""
-    from monitor.analysis.loader import read_dump
+def unpickle(path: str) -> dict:
+    """A bench dump by Python's C ``pickle.load``: the fastest read of a pickle there is. The
+    dumps are this bench's own, trusted; the loader's safe unpickler (``read_dump``) is pure
+    Python, several times slower, and a floor made of it would be no floor."""
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
+
+def read_only(path: str) -> tuple[None, str | None]:
+    """The floor's task: a file read and unpickled (:func:`unpickle`), then dropped. A pool
+    task (``run_pool``): ``(None, None)``, or ``(None, error)`` for a file that is not a dump."""
     try:
-        read_dump(path)
+        unpickle(path)
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return None, None
 
 
 def read_fields(path: str) -> tuple[None, str | None]:
-    """The fields floor's task: a file read as the loader reads it, then the fields the analysis
-    needs taken from every entry (as the loader's first step takes them), then dropped. A pool
-    task (``run_pool``): ``(None, None)``, or ``(None, error)`` for a file that is not a dump."""
+    """The fields floor's task: a file read and unpickled (:func:`unpickle`), then the fields the
+    analysis needs taken from every entry (as the loader's first step takes them), then dropped.
+    A pool task (``run_pool``): ``(None, None)``, or ``(None, error)`` for a file that is not a dump."""
     from operator import itemgetter
 
     from monitor.analysis.columnar import _KEYS
-    from monitor.analysis.loader import read_dump
 
     try:
-        entries = read_dump(path)["entries"]
+        entries = unpickle(path)["entries"]
         own = {k: k for k in entries[0]}
         keys = _KEYS + ("duration_ms",) if "duration_ms" in own else _KEYS
         list(map(itemgetter(*(own.get(k, k) for k in keys)), entries))
@@ -233,9 +239,9 @@ FLOOR_TASKS = {
 
 
 def run_floor(path: Path, task: str = "read") -> int:
-    """A floor, in this (fresh) process: every file read as the loader reads it (by its pool,
-    or here when the loader would not start one), and nothing else (``read``), or then the
-    fields the analysis needs taken from each entry (``fields``)."""
+    """A floor, in this (fresh) process: every file read and unpickled (by the loader's pool, or
+    here when the loader would not start one), and nothing else (``read``), or then the fields
+    the analysis needs taken from each entry (``fields``)."""
     from monitor.analysis.loader import POOL_MIN_BYTES, _candidates, _total_size
     from monitor.analysis.pool import available_cores, resolve, run_pool
 
@@ -391,7 +397,7 @@ def threshold(workdir: Path, repeat: int) -> list[dict]:
 def stages(workdir: Path, shapes: list[str], ranks_list: list[int], entries: int, sample: int) -> list[dict]:
     """Per-dump CPU time (``process_time``, in this process, cyclic GC off as in the loader) of
     each stage, on ``sample`` files of each job, the tasks run one after another on each file in
-    rotating order: the floor's task (read and unpickle, :func:`read_only`); the C
+    rotating order: the floor's task (read and C-unpickle, :func:`read_only`); the C
     reader's parse and its columns alone; the worker's whole task (``loader.load_packed``: read,
     normalize, pack, pickle) with the C reader and with Python's (``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1``).
     Medians per dump in ms."""

@@ -2,7 +2,8 @@
 A PATH may also be a monitor's incident bundle (monitor/analysis/bundle.py: its dumps are read,
 and what the monitor named is said beside the findings) or torchft's per-quorum dump folders
 (monitor/analysis/torchft_dumps.py: one quorum's). Exit status: 0 no findings, 1 findings, 2
-nothing loadable, nothing recorded to compare, or a bad flag.
+nothing loadable, nothing recorded to compare, no findings in a torchft quorum chosen over one
+holding more dumps, or a bad flag.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, TextIO
 from http_serving import printable
 
 from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
-from .torchft_dumps import SeveralJobs, holds_files, listed, pick, quorum_folders
+from .torchft_dumps import SeveralJobs, holdings, listed, pick, quorum_folders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per-rank dump files or directories of them (JSON or pickle), a monitor's incident bundle "
                         "(<id>.tar.gz), or torchft's per-quorum dump folders (TORCH_FR_DUMP_TEMP_FILE's value or their parent)")
     parser.add_argument("--quorum", type=int, default=None, metavar="ID",
-                        help="of torchft's per-quorum folders, read this quorum's (default: the newest holding a dump)")
+                        help="of torchft's per-quorum folders, read this quorum's (default: the one whose dumps are the newest)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--blame-missing", action="store_true",
                         help="count group members without a dump as never having arrived (default: report them as unknown)")
@@ -99,6 +100,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"lightkeeper analyze: {'no usable dump' if not result.ranks else 'no collective recorded in any dump'}",
                   file=sys.stderr)
         return 2
+    if inputs.fuller and not result.findings:  # a stray dump's quorum read: not "healthy" either
+        if args.format == "text":
+            print("lightkeeper analyze: no findings in the torchft quorum read, but another holds more dumps "
+                  f"(--quorum {inputs.fuller[0]})", file=sys.stderr)
+        return 2
     return 1 if result.findings else 0
 
 
@@ -111,6 +117,7 @@ class Inputs:
     quorums: list[dict[str, Any]] = field(default_factory=list)  # torchft folders: read and not
     errors: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # which quorum was read, where not the newest
+    fuller: list[int] = field(default_factory=list)  # quorums not read holding more dumps than the one read
 
 
 def expand(paths: list[str], quorum: int | None = None) -> Inputs:
@@ -151,26 +158,48 @@ def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
             out.errors.append({"path": raw, "error": f"--quorum {quorum}: no torchft quorum folders here"})
         out.paths.append(raw)
         return
-    got = pick(folders, quorum)
+    held = holdings(folders)
+    got = pick(folders, quorum, held)
     if got is None:
         out.errors.append({"path": raw, "error": f"no torchft folder of quorum {quorum} (found {sorted(folders)})"})
         return
     beside = list(listed(Path(raw))) if Path(raw).is_dir() else []
-    empty = quorum is None and not holds_files(got[1])  # then none holds one: nothing is read
+    empty = quorum is None and not held  # nothing is read
     for q in sorted(folders):
         out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0] and not empty})
-    newer = sorted(q for q in folders if q > got[0])
     if empty:
         out.errors.append({"path": raw, "error": f"none of its {len(folders)} torchft quorum folders (quorum "
                            f"{_span(sorted(folders))}) holds a dump file"})
     else:
         out.paths.append(str(got[1]))
-        if quorum is None and newer:
-            out.notes.append(f"{raw}: read torchft quorum {got[0]}, the newest holding a dump: the folders of "
-                             f"quorum {_span(newer)} hold none (torchft makes one at every quorum)")
+        if quorum is None:
+            _say_choice(raw, got[0], folders, held, out)
     if beside:
         out.errors.append({"path": raw, "error": f"{len(beside)} file(s) beside its torchft quorum folders "
                            "not read (name them to read them)"})
+
+
+def _say_choice(raw: str, got: int, folders: dict[int, Path], held: dict[int, tuple[float, int]], out: Inputs) -> None:
+    """Notes on the quorum read by default and the others; an ``errors`` entry where another
+    holds more dump files: a stray dump of one rank may be the newest, the hang's all older."""
+    others = sorted(q for q in held if q != got)
+    higher = [q for q in others if q > got]
+    empties = sorted(q for q in folders if q > got and q not in held)
+    said = []
+    if others:
+        said.append(f"quorum {_span(others)} hold{'s' if len(others) == 1 else ''} older dumps (--quorum ID reads one)")
+    if higher:  # the Lighthouse keeps the id in memory only; or another run's folders
+        said.append(f"quorum {_span(higher)}: a higher id with older dumps (a restarted Lighthouse counts quorum ids "
+                    "from 0 again)")
+    if empties:
+        said.append(f"the folders of quorum {_span(empties)} hold none (torchft makes one at every quorum)")
+    if said:
+        out.notes.append(f"{raw}: read torchft quorum {got}, whose dump files are the newest: " + "; ".join(said))
+    out.fuller = sorted((q for q in others if held[q][1] > held[got][1]), key=lambda q: (-held[q][1], -q))
+    if out.fuller:
+        more = ", ".join(f"quorum {q}'s {held[q][1]}" for q in out.fuller)
+        out.errors.append({"path": raw, "error": f"read torchft quorum {got}'s {held[got][1]} dump file(s), the newest, "
+                           f"yet {more} are older: --quorum {out.fuller[0]} reads them"})
 
 
 def _span(ranks: list[int]) -> str:

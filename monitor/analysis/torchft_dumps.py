@@ -2,8 +2,8 @@
 
 torchft's Manager points ``TORCH_FR_DUMP_TEMP_FILE`` at ``<value>_quorum_<quorum_id>/<global_rank>``
 at every new quorum, so a dump lands in the folder of the quorum it happened in. Quorums are
-different incarnations of torchft's group: ``lightkeeper analyze`` reads one, the newest holding a
-dump unless told (docs/analyze.md).
+different incarnations of torchft's group: ``lightkeeper analyze`` reads one, the one whose dump
+files are the newest unless told (docs/analyze.md).
 """
 
 from __future__ import annotations
@@ -52,23 +52,32 @@ def _by_prefix(parent: Path) -> dict[str, dict[int, Path]]:
     return out
 
 
-def pick(folders: dict[int, Path], quorum: int | None) -> tuple[int, Path] | None:
-    """The folder of ``quorum``, else the newest quorum's holding a file (the newest when none
-    does); None when ``quorum`` is not there. The Manager makes a folder at every quorum and a
-    dump lands only where a collective failed, so the newest is normally empty."""
+def pick(folders: dict[int, Path], quorum: int | None, held: dict[int, tuple[float, int]]) -> tuple[int, Path] | None:
+    """The folder of ``quorum``, else of those holding a file (``held``: :func:`holdings`) the one
+    whose files are the newest (ties: the higher id), else the newest quorum's; None when
+    ``quorum`` is not there. By time, not id: a restarted Lighthouse counts quorum ids from 0
+    again, so an older run's higher id would win."""
     if quorum is None:
-        q = next((q for q in sorted(folders, reverse=True) if holds_files(folders[q])), max(folders))
+        q = max(held, key=lambda q: (held[q][0], q)) if held else max(folders)
         return q, folders[q]
     return (quorum, folders[quorum]) if quorum in folders else None
 
 
-def holds_files(folder: Path) -> bool:
-    """Whether ``folder`` holds a file the loader would read (:func:`listed`); True when it
-    cannot be listed: reading it says why."""
-    try:
-        return any(listed(folder))
-    except OSError:
-        return True
+def holdings(folders: dict[int, Path]) -> dict[int, tuple[float, int]]:
+    """quorum id -> (newest mtime, count) of the files (:func:`listed`) of each folder holding
+    one. A folder that cannot be listed holds one at its own mtime: reading it says why."""
+    out: dict[int, tuple[float, int]] = {}
+    for q, folder in folders.items():
+        try:
+            times = [p.stat().st_mtime for p in listed(folder)]
+        except OSError:
+            try:
+                times = [folder.stat().st_mtime]
+            except OSError:
+                times = [0.0]
+        if times:
+            out[q] = (max(times), len(times))
+    return out
 
 
 def listed(folder: Path) -> Iterator[Path]:
