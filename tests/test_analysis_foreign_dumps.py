@@ -9,6 +9,7 @@ from typing import Any
 
 from lightkeeper.cli import main
 from monitor.analysis import analyze
+from monitor.analysis.engine import NOTHING_KEPT
 from tests.support.frgen import FRJob
 
 
@@ -63,3 +64,12 @@ def test_a_json_dump_with_a_byte_order_mark_is_read(tmp_path, capsys):
     code = main(["analyze", "--format", "json", "--jobs", "1", str(tmp_path)])
     report = json.loads(capsys.readouterr().out)
     assert (report["ranks"], report["errors"], code) == ([0, 1, 2, 3], [], 1)
+
+
+def test_dumps_without_collectives_name_include_collectives():
+    # _dump_nccl_trace(includeCollectives=False): pg_status, no entries
+    dumps = tp_dp_job()
+    for d in dumps.values():
+        del d["entries"]
+    assert analyze(dumps).notes == [NOTHING_KEPT]
+    assert "includeCollectives=False" in NOTHING_KEPT and "buffer" not in NOTHING_KEPT

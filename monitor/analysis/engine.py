@@ -29,8 +29,8 @@ NOTHING_RECORDED = ("no collective recorded in any dump: Flight Recorder off? se
                     "nothing was compared")
 # Dumps that hold no entry though their pg_status counts collectives enqueued.
 NOTHING_KEPT = ("no collective entry in any dump, though their pg_status counts collectives enqueued: dumped "
-                "with onlyActive (unfinished collectives only), or Flight Recorder's buffer is 0 (set "
-                "TORCH_FR_BUFFER_SIZE)? nothing was compared")
+                "with onlyActive (unfinished collectives only) or includeCollectives=False? nothing was "
+                "compared")
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
