@@ -6,9 +6,11 @@ Each replica group is one process started with this script (one rank per group; 
 ``torchrun`` a group has ``--nproc-per-node`` ranks and torchrun's store). The groups meet through
 a torchft Lighthouse and average their gradients across groups every step.
 
-Run a Lighthouse, a monitor and two groups (each command in its own terminal)::
+Run a Lighthouse, a monitor and two groups (each command in its own terminal; with a heartbeat
+timeout of 1 s, not torchft's 5 s, a group that leaves holds the other up for a second, and the
+monitor warns of a Lighthouse slower than 2 s: docs/lighthouse.md)::
 
-    torchft_lighthouse --min_replicas 1 --bind 127.0.0.1:29510
+    torchft_lighthouse --min_replicas 1 --bind 127.0.0.1:29510 --heartbeat_timeout_ms 1000
     lightkeeper monitor --lighthouse http://127.0.0.1:29510 --port 9400 --dry-run
     export TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510
 
