@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from lightkeeper.cli import main
-from monitor.analysis import analyze
+from monitor.analysis import GroupKey, analyze
 from monitor.analysis.engine import NOTHING_KEPT
 from tests.support.frgen import FRJob
 
@@ -49,6 +49,29 @@ def tp_dp_job() -> dict[int, dict]:
 
 def hangs(result: Any) -> dict[str, tuple]:
     return {f.group.pg: (f.seq, f.culprit_ranks, f.waiting_ranks) for f in result.findings if f.kind == "hang"}
+
+
+def test_a_rank_blocked_in_another_hang_is_no_culprit():
+    result = analyze(tp_dp_job())
+    # rank 2 never enqueued DP seq 5 because it waits in TP seq 5 for rank 3
+    assert hangs(result) == {"2": (5, [3], [2]), "3": (5, [], [0]), "4": (5, [3], [1])}
+    [dp] = [f for f in result.findings if f.group == GroupKey("3")]
+    assert dp.to_dict()["blocked_by"] == {"2": {"pg": "2", "replica_group": None, "quorum_id": None,
+                                                "group_rank": None, "seq": 5}}
+    assert "blocked" in dp.detail
+
+
+def test_ranks_blocking_each_other_stay_culprits():
+    # a deadlock: rank 0 waits in group 1 for rank 1, which waits in group 2 for rank 0
+    job = FRJob(2)
+    job.group("1", [0, 1])
+    job.group("2", [0, 1])
+    job.repeat(3, [("1", "all_reduce", [[8]]), ("2", "all_reduce", [[8]])])
+    job.collective("1", absent=[1])
+    job.collective("2", absent=[0])
+    result = analyze(job.dumps())
+    assert hangs(result) == {"1": (4, [1], [0]), "2": (4, [0], [1])}
+    assert all(not f.to_dict()["blocked_by"] for f in result.findings)
 
 
 def test_a_count_of_other_digits_costs_one_rank_not_the_analysis():

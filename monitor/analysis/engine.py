@@ -70,6 +70,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
                 findings.append(hang)
         if len(rows) == len(group_members) >= 2:
             evidence.add(key, group_members, rows, same_host, config)
+    _unblame_blocked([f for f in findings if isinstance(f, HangFinding)], traces)
     stragglers, lags = evidence.findings(config)
     findings.extend(stragglers)
     findings.sort(key=lambda f: f.sort_key())
@@ -444,6 +445,32 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
     return HangFinding(kind="hang", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
                        waiting_ranks=waiting, unknown_ranks=unknown, last_seq_by_rank=dict(known),
                        last_activity=activity)
+
+
+def _unblame_blocked(hangs: list[HangFinding], traces: Mapping[int, RankTrace]) -> None:
+    """A culprit whose newest entry is the unfinished collective it waits in, in another hang, is
+    blocked by that hang, not a culprit of this one; unless the hangs only block each other."""
+    waits_in: dict[int, HangFinding] = {}
+    for h in hangs:
+        for r in h.waiting_ranks:
+            e = traces[r].last_entry if r in traces else None
+            if e and e["state"] != "completed" and \
+                    (e["pg"], e["seq"], e.get("quorum_id")) == (h.group.pg, h.seq, h.group.quorum_id):
+                waits_in[r] = h
+
+    def free(h: HangFinding, seen: set[int]) -> bool:  # some culprit down the chain is not blocked
+        seen.add(id(h))
+        return any(c not in waits_in or (id(waits_in[c]) not in seen and free(waits_in[c], seen))
+                   for c in h.culprit_ranks)
+
+    blocked = [{c: waits_in[c] for c in h.culprit_ranks if c in waits_in and free(waits_in[c], set())}
+               for h in hangs]
+    for h, by in zip(hangs, blocked, strict=True):
+        if by:
+            h.culprit_ranks = [c for c in h.culprit_ranks if c not in by]
+            h.blocked_by = {c: {**b.group._asdict(), "seq": b.seq} for c, b in by.items()}
+            h.detail += "; " + "; ".join(f"rank {c} is blocked in group {b.group.label()} seq {b.seq} (a hang "
+                                         "of its own), not a culprit here" for c, b in by.items())
 
 
 def _pending_for(trace: RankTrace | None, row: GroupTrace, seq: int) -> float | None:

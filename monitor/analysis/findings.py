@@ -74,12 +74,14 @@ class MismatchFinding(Finding):
 @dataclass
 class HangFinding(Finding):
     """Some members enqueued collective ``seq`` while others (``culprit_ranks``) never did;
-    ``last_activity``: each known member's newest entry."""
+    ``last_activity``: each known member's newest entry; ``blocked_by``: members that never did
+    because they wait in another hang (its group and seq), not culprits."""
 
     waiting_ranks: list[int] = field(default_factory=list)
     unknown_ranks: list[int] = field(default_factory=list)
     last_seq_by_rank: dict[int, int] = field(default_factory=dict)
     last_activity: dict[int, dict[str, Any] | None] = field(default_factory=dict)
+    blocked_by: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
