@@ -108,6 +108,40 @@ def inject_live(injector: FaultInjector, state: RankState, spec: str) -> str:
     return fault.spec
 
 
+class GroupSizeMismatch(RuntimeError):
+    """This replica group and a peer group have different numbers of ranks: each rank
+    all-reduces its gradient shard with, and heals from, the same group rank of the others."""
+
+
+def size_mismatch(replica_group: int, world_size: int, peer: str, peer_size: int) -> str:
+    return (f"replica group {replica_group} has {world_size} rank(s) (WORLD_SIZE) but {peer} "
+            f"has {peer_size}: groups of different sizes cannot train together or heal from "
+            f"each other (each rank's gradient shard goes to the same group rank of every other "
+            f"group); start every group of the job with the same number of ranks")
+
+
+def other_sized_peer(lighthouse: str, replica_group: int, world_size: int) -> str | None:
+    """Why this group must not join the job: a live replica group of another size in the
+    Lighthouse's newest quorum. None when there is none, or the status cannot be read."""
+    from monitor.evidence.lighthouse_status import LighthouseReader
+
+    reader = LighthouseReader(lighthouse)
+    try:
+        status, _ = reader.read()
+    finally:
+        reader.close()
+    if status is None:
+        return None  # the heal's own check below still refuses a peer of another size
+    for rid, member in sorted(status.members.items()):
+        group = rid.split(":")[0]  # torchft appends ":<uuid>" to the replica id
+        # live: torchft's ManagerServer beats every 0.1 s, and a group that ended is past 2 s
+        # before another rank gets here; this group's own entry is an earlier run of it
+        if (group != f"replica_group_{replica_group}" and member.world_size != world_size
+                and status.heartbeats.get(rid, 2.0) < 2.0 and rid not in status.stale):
+            return size_mismatch(replica_group, world_size, group, member.world_size)
+    return None
+
+
 def train(cfg: TrainConfig) -> int:
     """Run one rank until ``cfg.steps`` committed steps; returns a process exit code."""
     _configure_env()
@@ -189,6 +223,11 @@ def train(cfg: TrainConfig) -> int:
     bind = "" if is_wildcard(cfg.worker_host) else advertise
     if bind and is_loopback(bind):  # gloo's device: else its host name's address, maybe not loopback
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # Refuse to join a job whose groups have another size, before joining its quorum: joined,
+    # this group would stall the others' collectives until --pg-timeout, then fail its heal.
+    if why := other_sized_peer(cfg.lighthouse, cfg.replica_group, group_world_size):
+        sys.stderr.write(f"lightkeeper train: error: {why}\n")
+        return 1
     # The group's TCPStore: under torchrun group rank 0 hosts one per attempt (the agent's
     # outlives restarts), else group rank 0 (torch's env:// convention), else a lone rank hosts
     # its own. Waiting for it is bounded.
@@ -241,10 +280,17 @@ def train(cfg: TrainConfig) -> int:
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     def load_state_dict(sd):
+        # a peer that joined with this group at once (neither saw the other's size before)
+        peer_size = sd.get("group_world_size", group_world_size)
+        if peer_size != group_world_size:
+            raise GroupSizeMismatch(size_mismatch(
+                cfg.replica_group, group_world_size, f"replica_group_{sd['replica_group']}",
+                peer_size))
         load_local_state_dict(model, inner_optimizer, sd)
 
     def state_dict():
-        return local_state_dict(model, inner_optimizer)
+        return {**local_state_dict(model, inner_optimizer), "group_world_size": group_world_size,
+                "replica_group": cfg.replica_group}
 
     if cross_group == "nccl":
         from torchft import ProcessGroupNCCL
@@ -365,6 +411,9 @@ def train(cfg: TrainConfig) -> int:
                 snap["last_step_seconds"] or 0.0, committed, loss.item(),
             )
         completed = True
+    except GroupSizeMismatch as e:  # one line, not the heal's traceback
+        sys.stderr.write(f"lightkeeper train: error: {e}\n")
+        return 1
     finally:
         state.set_phase("stopped")
         manager.shutdown(wait=False)
