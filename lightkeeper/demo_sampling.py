@@ -151,7 +151,8 @@ class Sampling:
             self.evictions = merge_rows(self.evictions, evictions)
             for d in evictions:
                 key = (d.get("id"), d["replica_group"], d.get("at"), d["decision"])
-                if key not in self._seen_evictions:
+                # a hold because the kill was already sent repeats the "evicted" line before it
+                if key not in self._seen_evictions and d["reason"] != "already_evicted":
                     self._seen_evictions.add(key)
                     kind = {"evict": "evicted", "abort": "survivors_released"}.get(
                         d["decision"], "held")

@@ -96,3 +96,21 @@ def test_each_look_is_dated_by_its_answer(tmp_path, monkeypatch):
     assert [(s["replica_group"], s["rank"]) for s in demo.samples] == [(0, 1), (1, 2), (1, 3)]
     assert [round(s["t"], 2) for s in demo.samples] == [101.01, 101.02, 101.03]
     assert {s["tick"] for s in demo.samples} == {100.0}
+
+
+def test_a_hold_for_a_kill_already_sent_is_not_told_again(tmp_path, monkeypatch):
+    """The monitor holds a second finding on a group it just evicted (``already_evicted``):
+    the story says "evicted" once, and other holds as they come."""
+    demo = _demo(tmp_path, monkeypatch)
+    rows = [{"id": 1, "replica_group": 2, "at": 10.0, "decision": "evict", "reason": "hang"},
+            {"id": 2, "replica_group": 2, "at": 11.0, "decision": "hold",
+             "reason": "already_evicted"},
+            {"id": 3, "replica_group": 1, "at": 12.0, "decision": "hold", "reason": "cooldown"},
+            {"id": 4, "replica_group": 2, "at": 12.0, "decision": "abort", "reason": "peer_gone"}]
+    demo.monitor_get = {"/v1/evictions": rows}.get
+    demo.poll_monitor()
+    demo.poll_monitor()  # each row told once
+    assert [(e["kind"], e["replica_group"], e["detail"]) for e in demo.events] == [
+        ("evicted", 2, "evict (hang)"), ("held", 1, "hold (cooldown)"),
+        ("survivors_released", 2, "abort (peer_gone)")]
+    assert len(demo.evictions) == 4  # the report keeps every decision
