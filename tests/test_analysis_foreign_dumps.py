@@ -10,7 +10,7 @@ from typing import Any
 from lightkeeper.cli import main
 from monitor.analysis import GroupKey, analyze
 from monitor.analysis.engine import NOTHING_KEPT
-from tests.support.frgen import FRJob
+from tests.support.frgen import FRJob, write_dumps
 
 
 def torch_ids(dumps: dict[int, dict]) -> dict[int, dict]:
@@ -72,6 +72,36 @@ def test_ranks_blocking_each_other_stay_culprits():
     result = analyze(job.dumps())
     assert hangs(result) == {"1": (4, [1], [0]), "2": (4, [0], [1])}
     assert all(not f.to_dict()["blocked_by"] for f in result.findings)
+
+
+def test_an_only_active_tp_dp_hang_is_found(tmp_path, capsys):
+    # every pg_status count is dropped (its keys are no group names): a member without an entry of
+    # the group finished all it enqueued there, so it never enqueued what a waiting rank holds
+    write_dumps(only_active(tp_dp_job()), tmp_path)
+    code = main(["analyze", "--format", "json", "--jobs", "1", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out)
+    assert {f["pg"]: (f["seq"], f["culprit_ranks"], f["waiting_ranks"]) for f in report["findings"]} == \
+        {"2": (5, [3], [2]), "3": (5, [], [0]), "4": (5, [3], [1])}
+    assert code == 1
+
+
+def test_an_only_active_hang_in_a_job_with_an_unused_group_is_found():
+    # torch keys pg_status only by groups that recorded an entry: an unused mesh dimension's
+    # group is in pg_config but not in pg_status
+    job = FRJob(3)
+    job.group("1", [0, 1, 2], desc="unused_mesh_dim")
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    job.collective("0", absent=[2])
+    result = analyze(only_active(torch_ids(job.dumps())))
+    assert hangs(result) == {"0": (6, [2], [0, 1])}
+
+
+def test_a_dump_filtered_to_other_groups_is_not_read_as_only_active():
+    dumps = only_active(tp_dp_job())
+    dumps[3]["filter"] = {"pg": "4", "last": 64, "entries_total": 0}
+    result = analyze(dumps)
+    assert 3 not in hangs(result).get("2", (None, []))[1]
+    assert hangs(result)["4"] == (5, [3], [1])
 
 
 def test_a_count_of_other_digits_costs_one_rank_not_the_analysis():

@@ -373,12 +373,23 @@ def _holds_all(trace: RankTrace, key: GroupKey) -> bool:
     """Whether the dump would hold the group's entries had the rank enqueued any since its
     oldest entry: not where a filter left the group out, nor where pg_status counts collectives
     the entries leave out (onlyActive keeps unfinished ones only; none kept at all)."""
-    if trace.kept_pg is not None:  # ?pg=: a filtered dump's groups are only the one it names
-        pg = trace.kept_pg
-        return key.pg == pg or (pg == "torchft" and (key.quorum_id is not None or is_torchft_pg_name(key.pg)))
+    if trace.kept_pg is not None:
+        return _kept(trace, key) and not _only_active(trace, key)
     if trace.oldest_record_id is None:
         return not trace.status_enqueued
-    return not trace.status_completed or any(COMPLETED in g.states for g in trace.groups.values())
+    return not _only_active(trace, key)
+
+
+def _kept(trace: RankTrace, key: GroupKey) -> bool:
+    """Whether the dump keeps the group's entries: a filtered one (?pg=) only the group it names."""
+    pg = trace.kept_pg
+    return pg is None or key.pg == pg or (pg == "torchft" and (key.quorum_id is not None or is_torchft_pg_name(key.pg)))
+
+
+def _only_active(trace: RankTrace, key: GroupKey) -> bool:
+    """An onlyActive dump, of this group too: pg_status shows collectives completed (NCCL), no
+    entry kept did. It keeps every unfinished entry of the group."""
+    return trace.status_completed and _kept(trace, key) and not any(COMPLETED in g.states for g in trace.groups.values())
 
 
 def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int | None],
@@ -391,6 +402,12 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
         done = [c for c in map(_last_completed, rows.values()) if c is not None]
         assumed = max(done) if done else min(known.values()) - 1
         known.update({r: assumed for r in group_members if r not in traces})
+    idle = [r for r in group_members if r not in known and r in traces and key.quorum_id is None
+            and _only_active(traces[r], key)]
+    if idle and (open_seqs := [s for t in rows.values() if (s := _first_unfinished(t)) is not None]):
+        # onlyActive dumps keep every unfinished entry: a member holding none of the group never
+        # enqueued the oldest one another member holds unfinished
+        known.update(dict.fromkeys(idle, min(open_seqs) - 1))
     unknown = sorted(r for r in group_members if r not in known)
     if len(known) < 2:
         return None
@@ -400,7 +417,7 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
         return None
     seq = behind + 1
     culprits = sorted(r for r, s in known.items() if s == behind)
-    waiting = sorted(r for r, s in known.items() if s >= seq)
+    waiting = sorted(r for r, s in known.items() if s >= seq and r not in idle)
     if all(r in traces and r not in rows for r in waiting):
         # only pg_status counts put them past seq: read at other moments than the laggards',
         # and a rank waiting in seq keeps it among its entries, even in an onlyActive dump
@@ -440,6 +457,8 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
             f"rank(s) {_ranks(waiting)} went on to seq {newest}; no dump holds seq {seq}, so what they "
             "wait in (if anything) is not shown"
         )
+    if inferred := [r for r in culprits if r in idle]:
+        detail += f"; rank(s) {_ranks(inferred)} hold no unfinished entry of the group (onlyActive)"
     if unknown:
         detail += f"; no evidence from rank(s) {_ranks(unknown)}"
     return HangFinding(kind="hang", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
@@ -481,6 +500,12 @@ def _pending_for(trace: RankTrace | None, row: GroupTrace, seq: int) -> float | 
     created = row.created_ns[i]
     # dumped "before" it was enqueued: the rank's wall clock was set back between, no age
     return (trace.dump_time_ns - created) / 1e9 if 0 < created <= trace.dump_time_ns else None
+
+
+def _first_unfinished(trace: GroupTrace) -> int | None:
+    done = _last_completed(trace)
+    first = trace.first_seq if done is None else done + 1
+    return first if first <= trace.last_seq else None
 
 
 def _last_completed(trace: GroupTrace) -> int | None:
