@@ -11,12 +11,15 @@ cordoned. 400, 401, 403, 404 and 422 are not retried; a 404 in release is done (
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import time
 from typing import Any
 
 from .base import ActionResult, SinkConfigError, one_node
+
+log = logging.getLogger(__name__)
 
 TAINT_KEY = "lightkeeper.io/quarantined"  # an older version's names no job: lifted by hand
 CORDONED = "lightkeeper.io/cordoned"  # annotation: the cordon is ours to undo
@@ -115,9 +118,12 @@ class KubernetesSink:
             # team's node) or this release is done, and nothing on the node is this job's
             if key not in (t.get("key") for t in _taints(obj)):
                 if TAINT_KEY in _quarantine_keys(obj):  # perhaps this job's, before an upgrade
-                    return ActionResult(False, f"node {node}: no {key} taint, but an older "
-                                        f"version's {TAINT_KEY}: lift it by hand (see "
-                                        "docs/quarantine.md)", retry=False)
+                    # said, not failed: another team's would fail every release for good
+                    log.warning("node %s: an older version's %s taint holds it; no release "
+                                "lifts it: lift it by hand (docs/quarantine.md)", node, TAINT_KEY)
+                    return ActionResult(True, f"node {node}: no {key} taint, nothing to "
+                                        f"release; an older version's {TAINT_KEY} holds it: "
+                                        "lift it by hand (see docs/quarantine.md)")
                 return ActionResult(True, f"node {node}: no {key} taint, nothing to release")
             released = not [k for k in _quarantine_keys(obj) if k != key]
             if released:
