@@ -194,7 +194,7 @@ class Detectors:
                 log.exception("Flight Recorder analysis failed")
                 self.last_error = f"analysis: {type(e).__name__}: {e}"
         steps = (
-            ("dead", lambda: self.liveness.dead(view, now, evicted)),
+            ("dead", lambda: self.liveness.dead(view, now, evicted, full)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
             ("straggler", lambda: self.straggler.judge(view, now, cut_off)),
             ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),

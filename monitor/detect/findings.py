@@ -102,14 +102,16 @@ class Findings:
 
     def resolve_gone(self, view: ClusterView, full: ClusterView, now: float,
                      dead_sweeps: int = 1, blind: bool = False) -> None:
-        """Resolve the group findings whose group left the view (``gone``) or had no rank
+        """Resolve the group findings whose group left the view (``gone``; ``dead`` and
+        ``stuck_starting``: the full view) or had no rank
         reachable for ``dead_sweeps`` sweeps (``left_job``, but ``dead`` and ``stuck_starting``;
         none while ``blind``: the monitor may be the one cut off)."""
         for key in list(self.open):
             kind, g, _rid = key
             if kind in JOB_KINDS:
                 continue
-            gv = (full if kind == "stuck_starting" else view).groups.get(g)
+            # a dead rank never verified: its group may have no verified rank left
+            gv = (full if kind in ("dead", "stuck_starting") else view).groups.get(g)
             if gv is None:
                 self.resolve(key, "gone", now)
             elif not blind and kind not in ("dead", "stuck_starting") and not gv.reachable \

@@ -61,9 +61,14 @@ class Liveness:
         # incarnation's last view there, until the process answering there now is judged
         self._stepped: dict[int, tuple[int, float]] = {}  # group -> its Manager's step and
         # when first seen at it: how long a group with a rank down has committed nothing
+        self._unheard: dict[tuple[int, str], tuple[set[str], bool]] = {}  # (group, replica id)
+        # -> never verified ranks down when its stop was read (crashed), and whether found
         self._left_out = LeftOut(cfg)  # stuck_starting's other shape: out of the job's quorums
 
-    def dead(self, view: ClusterView, now: float, evicted: Container[str] = ()) -> list[Finding]:
+    def dead(self, view: ClusterView, now: float, evicted: Container[str] = (),
+             full: ClusterView | None = None) -> list[Finding]:
+        """``view``: the evidence; ``full``: every rank polled (the never verified among them
+        are judged only when a verified peer's stop notice is read)."""
         findings, new = self.findings, []
         open_dead = findings.groups(*DEAD_KINDS)
         last = self._last
@@ -102,6 +107,7 @@ class Liveness:
                 if e.state and e.state.get("finished") is True and e.replica_id is not None \
                         and e.replica_id not in ended:
                     ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures}
+                    self._note_unheard(gv, e, full)
             if rid is not None:
                 # what was dead of an earlier incarnation is over (one found now, next sweep:
                 # open for one sweep, the goodput ledger counts its cost)
@@ -159,6 +165,8 @@ class Liveness:
                 continue
             findings.resolve_where("group_dead" if down else "reachable", now, ("dead_rank",), g)
             if not down:
+                if any(k[0] == g for k in self._unheard):  # found below, from the full view
+                    continue
                 findings.resolve_where(
                     "finished" if any(r.ended for r in gv.ranks) else "reachable", now, ("dead",), g)
                 continue
@@ -169,7 +177,51 @@ class Liveness:
             new.append(findings.confirm(
                 "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
                 min(r.unreachable_since or now for r in down), now, view))
+        new += self._judge_unheard(full, now, evicted)
         return [f for f in new if f]
+
+    def _note_unheard(self, gv: GroupView, e: RankView, full: ClusterView | None) -> None:
+        """A rank of ``e``'s group never verified (its first second under its Manager: read
+        without its replica id, or before the Lighthouse heard it) in a group rank no verified
+        rank of ``e``'s incarnation holds, already down when ``e``'s stop was read: it crashed
+        and the launcher stopped ``e`` (torchrun stops a crashed worker's peers)."""
+        fg = full.groups.get(gv.replica_group) if full is not None else None
+        rid, ws = e.replica_id, e.state.get("group_world_size")
+        held = {r.state.get("group_rank") for r in gv.ranks if r.replica_id == rid}
+        urls = {r.url for r in (fg.ranks if fg is not None else ())
+                if not r.reachable and r.state and not r.ended and r.failures > e.failures
+                and not (r.trust is not None and r.trust.evidence)
+                and r.replica_id in (None, rid) and r.state.get("group_world_size") == ws
+                and r.state.get("group_rank") not in held}
+        if urls:
+            self._unheard[(gv.replica_group, rid)] = (urls, False)
+
+    def _judge_unheard(self, full: ClusterView | None, now: float,
+                       evicted: Container[str]) -> list[Finding]:
+        """``dead`` for the ranks :meth:`_note_unheard` kept, once down ``--dead-sweeps``
+        sweeps; none once one answers again (or is forgotten first), or another is open.
+        Kept while the one found is open: the loop above then resolves none of its group."""
+        out = []
+        for key, (urls, found) in list(self._unheard.items()) if full is not None else ():
+            g, rid = key
+            ranks = [full.ranks.get(u) for u in urls]
+            gv, is_open = full.groups.get(g), ("dead", g, rid) in self.findings.open
+            if found or is_open or rid in evicted or gv is None \
+                    or any(r is None or r.reachable for r in ranks):
+                if not (found and is_open):
+                    del self._unheard[key]
+                continue
+            if min(r.failures for r in ranks) < self.cfg.dead_sweeps:
+                continue
+            self._unheard[key] = (urls, True)
+            numbers = sorted(r.rank for r in ranks if r.rank is not None)
+            ev = {"summary": f"rank(s) {numbers}, never verified, went down unsaid before a "
+                             f"peer of {rid} said it was stopped",
+                  "unreachable": _unreachable(ranks)}
+            out.append(self.findings.confirm(
+                "dead", gv, numbers, ev, min(r.unreachable_since or now for r in ranks), now,
+                SimpleNamespace(rank_view={r.rank: r for r in ranks}.get), replica_id=rid))
+        return out
 
     def _held(self, gv: GroupView, view: ClusterView, lost: list[RankView],
               now: float) -> dict[str, Any] | None:
