@@ -748,6 +748,34 @@ def test_a_group_restarted_on_its_kept_store_finds_its_new_ranks():
     assert "torch+http://node8:3001" in found and "torch+http://node8:2001" not in found
 
 
+def test_a_dead_store_whose_ranks_fail_every_sweep_backs_off(monkeypatch):
+    """The store's host died with its ranks: their polls fail every sweep, and the store is
+    still asked only as its back-off says (5 s doubling to 80 s), not every 5 s."""
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    store.set("replica_id", "ft_1:u")
+    store.set("debug_server/rank0", "http://node7:1000")
+    relay = _Relay(store.port)
+    port = int(relay.addr.rsplit(":", 1)[1])
+    tries: list[int] = []
+    at = [0]
+    connect = socket.create_connection
+
+    def counted(address, *a, **k):
+        if address[1] == port:
+            tries.append(at[0])
+        return connect(address, *a, **k)
+    monkeypatch.setattr(socket, "create_connection", counted)
+    reader = StoreReader(timeout_s=5)
+    groups = [("ft_1:u", relay.addr, 1)]
+    assert len(reader.read(groups, NOW)) == 1
+    relay.close()  # refused from now on, and its rank too
+    for at[0] in range(31, 300):  # a sweep a second
+        reader.read(groups, NOW + at[0], failed=["torch+http://node7:1000"])
+    assert len(tries) <= 8, tries
+
+
 def test_a_store_that_never_answers_holds_the_sweep_its_timeout_only():
     """torch's client waits for its ping's reply without end on a port that takes connections
     and never answers (TCPStore's timeout does not cover it): the sweep waits the reader's

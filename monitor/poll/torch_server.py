@@ -290,8 +290,8 @@ class StoreReader:
         failed) is due again STORE_RETRY_S after its last read: a restarted rank re-registers
         under a new address. Blocks ``timeout_s`` at most; :meth:`identities`."""
         failed = set(failed)
-        for r in self._reads.values():
-            if r.wait > STORE_RETRY_S and not failed.isdisjoint(r.found):
+        for r in self._reads.values():  # a refresh brought forward; a failing store backs off
+            if r.wait == STORE_REFRESH_S and not failed.isdisjoint(r.found):
                 r.wait = STORE_RETRY_S
         started: list[tuple[str, str]] = []
         groups = list(groups)
