@@ -215,12 +215,11 @@ def fault_start(f: dict) -> float | None:
     return f.get("injected_at_s") if f.get("detected_at_s") is not None else None
 
 
-def fault_windows(faults: list[dict], restarts: list[tuple[int, float]],
-                  end: float) -> list[tuple[float, float] | None]:
+def fault_windows(faults: list[dict], end: float) -> list[tuple[float, float] | None]:
     """Each fault's time in the job (demo seconds; None: it never acted): from its start to its
-    group's rejoin, or without one its group's next restart (a new incarnation, without the
-    fault) or the run's end; cut where the next fault of its group starts. ``restarts``: the
-    supervisor's (group, time)."""
+    group's rejoin, or without one the run's end (a restart that never trained is still the
+    fault's: a crash's dead finding, the survivors' stall); cut where the next fault of its
+    group starts."""
     starts = [fault_start(f) for f in faults]
     out: list[tuple[float, float] | None] = []
     for f, start in zip(faults, starts, strict=True):
@@ -229,11 +228,9 @@ def fault_windows(faults: list[dict], restarts: list[tuple[int, float]],
             continue
         g = f["replica_group"]
         stop = f.get("rejoined_at_s")
-        if stop is None:
-            stop = min((t for rg, t in restarts if rg == g and t > start), default=end)
         nxt = [s for o, s in zip(faults, starts, strict=True)
                if o["replica_group"] == g and s is not None and s > start]
-        out.append((start, min([stop, *nxt])))
+        out.append((start, min([end if stop is None else stop, *nxt])))
     return out
 
 
@@ -274,12 +271,12 @@ def ledger_incident(fault: dict, goodput: dict | None, t0_unix: float,
 
 
 def job_wide_owners(faults: list[dict], goodput: dict | None, t0_unix: float,
-                    end: float, restarts: list[tuple[int, float]] = ()) -> dict[int, list[dict]]:
+                    end: float) -> dict[int, list[dict]]:
     """Fault index -> the job-wide incidents (no replica group: the survivors' stall while the
     fault's group goes) whose onset lies in its window (:func:`fault_windows`); one that two
     faults' windows hold is the later-started fault's."""
     out: dict[int, list[dict]] = {}
-    windows = fault_windows(faults, list(restarts), end)
+    windows = fault_windows(faults, end)
     for inc in (goodput or {}).get("incidents") or []:
         onset = inc.get("onset_at")
         if inc.get("replica_group") is not None or inc.get("kind") == "manual" or onset is None:

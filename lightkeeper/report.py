@@ -99,22 +99,20 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
     return out
 
 
-def attributed_fault(d: dict, faults: list[dict], end: float,
-                     restarts: list[tuple[int, float]] = ()) -> int | None:
+def attributed_fault(d: dict, faults: list[dict], end: float) -> int | None:
     """The fault (1-based) that explains detection ``d``: confirmed in the fault's window
     (:func:`lightkeeper.recovery.fault_windows`, 1 s slack) in the same group, or for a
     job-wide finding (the survivors' stall) the latest-started of those whose window holds it,
     as :func:`lightkeeper.recovery.job_wide_owners` gives the cost."""
     held = [(w[0], i) for i, (f, w) in enumerate(
-        zip(faults, recovery.fault_windows(faults, list(restarts), end), strict=True), 1)
+        zip(faults, recovery.fault_windows(faults, end), strict=True), 1)
         if w is not None and d["replica_group"] in (None, f["replica_group"])
         and w[0] - FINDING_SLACK_S <= d["at_s"] <= w[1] + FINDING_SLACK_S]
     return max(held)[1] if held else None
 
 
 def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
-               faults: list[dict] | None = None, end: float = float("inf"),
-               restarts: list[tuple[int, float]] = ()) -> list[dict]:
+               faults: list[dict] | None = None, end: float = float("inf")) -> list[dict]:
     """Every finding the monitor confirmed, with the culprits it named and the fault it is
     attributed to (``fault``: 1-based index into ``faults``, null when no fault explains it)."""
     out = []
@@ -131,7 +129,7 @@ def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
              "culprit_hosts": culprit_hosts, "replica_id": f.get("replica_id"),
              "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev),
              "bundle": next((e["bundle"] for e in ev if e.get("bundle")), None)}
-        d["fault"] = attributed_fault(d, faults or [], end, restarts)
+        d["fault"] = attributed_fault(d, faults or [], end)
         out.append(d)
     return sorted(out, key=lambda d: d["at_s"])
 
@@ -171,13 +169,12 @@ def settings(demo) -> dict[str, Any]:
 
 def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthouse: list[dict],
                evictions: list[dict], goodput: dict | None, t0_unix: float, end: float,
-               groups: int, cfg: dict[str, Any],
-               restarts: list[tuple[int, float]] = ()) -> None:
+               groups: int, cfg: dict[str, Any]) -> None:
     """Add each fault's ``stages``, ``recovery_s``, measured ``cost`` and computed
     ``torchft_alone`` (:mod:`lightkeeper.recovery`) in place."""
     healthy = healthy_rate(ph)
-    job_wide = recovery.job_wide_owners(faults, goodput, t0_unix, end, restarts)
-    windows = recovery.fault_windows(faults, list(restarts), end)
+    job_wide = recovery.job_wide_owners(faults, goodput, t0_unix, end)
+    windows = recovery.fault_windows(faults, end)
     detected = [recovery.detected_incident(f, goodput, t0_unix) for f in faults]
     for k, f in enumerate(faults):
         st = recovery.stages(f, samples, lighthouse, evictions, healthy, end)
@@ -239,8 +236,7 @@ def build_report(demo) -> dict[str, Any]:
     faults = [dict(f) for f in demo.faults]
     ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks)
     healthy = healthy_rate(ph)
-    restarts = [(e["replica_group"], e["t"]) for e in demo.events if e["kind"] == "restarted"]
-    for f, w in zip(faults, recovery.fault_windows(faults, restarts, end), strict=True):
+    for f, w in zip(faults, recovery.fault_windows(faults, end), strict=True):
         start = f["struck_at_s"]
         stop = None if w is None else w[1]
         if healthy and start is not None and stop is not None:
@@ -258,7 +254,7 @@ def build_report(demo) -> dict[str, Any]:
     for f in faults:
         f["host_state"] = host_state(hosts_view, f.get("host"))
     recoveries(faults, ph, demo.samples, demo.lighthouse_log, evictions, demo.goodput,
-               demo.t0_unix, end, demo.args.groups, cfg, restarts)
+               demo.t0_unix, end, demo.args.groups, cfg)
     return {
         "version": REPORT_VERSION,
         "started_at_unix": round(demo.t0_unix, 3),
@@ -270,8 +266,7 @@ def build_report(demo) -> dict[str, Any]:
         "outcome": ("interrupted" if demo.interrupted else "error" if demo.error else "completed"),
         "error": demo.error,
         "faults": faults,
-        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, now,
-                                 restarts),
+        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, now),
         "evictions": evictions,
         "restarts": [{"replica_group": e["replica_group"], "at_s": e["t"]}
                      for e in demo.events if e["kind"] == "restarted"],

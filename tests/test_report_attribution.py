@@ -1,7 +1,7 @@
 """Which fault a finding, a ledger incident and lost steps belong to in the demo's report
-(:func:`lightkeeper.recovery.fault_windows`): a fault whose group never rejoins holds them only
-until its group's next restart or the next fault of its group, not to the end of the run; a
-job-wide finding is the latest-started open fault's, as its cost is. In-process, from plain data
+(:func:`lightkeeper.recovery.fault_windows`): a fault whose group never rejoins holds them until
+the next fault of its group (a restart that never trained is still the fault's); a job-wide
+finding is the latest-started open fault's, as its cost is. In-process, from plain data
 in the shapes the demo records (``tests/test_demo_baseline.py``)."""
 
 from __future__ import annotations
@@ -74,14 +74,14 @@ def test_a_fault_never_seen_to_rejoin_does_not_claim_the_next_faults_findings_st
     assert (one["steps_lost"], two["steps_lost"]) == (10, 10)
 
 
-def test_a_fault_never_seen_to_rejoin_ends_at_its_groups_next_restart():
-    missed = fault(1, 20.0, None, None)
-    restarts = [(1, 20.0), (0, 25.0), (1, 30.0)]  # at the strike, another group's, its own
-    assert report.attributed_fault({"replica_group": 1, "at_s": 29.0}, [missed], 60.0,
-                                   restarts) == 1
-    assert report.attributed_fault({"replica_group": 1, "at_s": 35.0}, [missed], 60.0,
-                                   restarts) is None
-    assert report.attributed_fault({"replica_group": 1, "at_s": 35.0}, [missed], 60.0) == 1
+def test_a_crash_restarted_at_once_that_never_rejoins_keeps_its_dead_finding():
+    """The supervisor restarts a crashed group at once; the monitor confirms the old
+    incarnation's dead finding seconds later, and the group never trains again: the finding is
+    the crash's, not a false alarm."""
+    crash = fault(1, 20.0, None, None)
+    demo_run = demo([crash], [finding(1, 23.0)], None,
+                    [{"t": 20.5, "kind": "restarted", "replica_group": 1, "detail": "at once"}])
+    assert [d["fault"] for d in report.build_report(demo_run)["detections"]] == [1]
 
 
 def test_a_job_wide_finding_is_the_fault_its_cost_goes_to():
