@@ -1,7 +1,8 @@
 """A rank that crashes in its first second under its torchft Manager, before the monitor ever
 verified it (read without its replica id), then torchrun's agent SIGTERMs its peers, which say
 they stopped (docs/worker_server.md, Stopping): the crash is still found ``dead`` and held
-against its host; a planned stop of the whole group at that moment is not.
+against its host; a planned stop of the whole group at that moment is not, nor a "crash" whose
+unverified claims do not fit the group (a slot outside it, a host none of its ranks is on).
 
 A live monitor (real HTTP, real SQLite, an injected clock) over a real torchft Lighthouse that
 simulated groups join (``SimJob``, tests/support/monitor_sim.py), the ranks registered with it
@@ -28,12 +29,13 @@ STOPPED = {"finished": True, "stopped_by": "SIGTERM", "phase": "stopped"}
 def job():
     j = SimJob(2, ranks_per_group=2, heartbeat_timeout_ms=1000, join_timeout_ms=1000)
     for r in j.sim.ranks:
-        r.update(job="sim", host=f"host-{r.state['rank']}")
+        r.update(job="sim", host=f"host-{r.state['replica_group']}")  # a node a group
     yield j
     j.stop()
 
 
-@pytest.mark.parametrize("stop,listed", [("crash", False), ("crash", True), ("planned", False)])
+@pytest.mark.parametrize("stop,listed", [("crash", False), ("crash", True), ("planned", False),
+                                         ("slot", False), ("host", False)])
 def test_a_rank_crashed_before_it_was_verified_is_dead_when_its_peer_says_it_stopped(
         tmp_path, job, stop, listed):
     """``listed``: static targets (the stopped peer stays in sight), else registered ranks."""
@@ -41,6 +43,10 @@ def test_a_rank_crashed_before_it_was_verified_is_dead_when_its_peer_says_it_sto
     rid = job.replica_ids[1]
     for r in (manager, peer):  # before their Manager's replica id was read
         r.update(replica_id=None, quorum_id=-1, phase="starting", step=0)
+    if stop == "slot":  # a stranger's claims: group rank 7 of a group of 2
+        manager.update(group_rank=7)
+    elif stop == "host":  # or a host of another group's, to be quarantined
+        manager.update(host="host-0")
     skew = [0.0]
     cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
                         sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
@@ -76,14 +82,14 @@ def test_a_rank_crashed_before_it_was_verified_is_dead_when_its_peer_says_it_sto
         # (already in the quorum: read with the replica id); a planned stop: both SIGTERMed
         job.alive.discard(1)  # the Manager's heartbeats end with it
         peer.update(replica_id=rid, quorum_id=job.quorum_id, **STOPPED)
-        if stop == "crash":
+        if stop != "planned":
             manager.set_mode("down")
         else:
             manager.update(**STOPPED)
         sweep()  # the stop read
         manager.set_mode("down")
         peer.set_mode("down")
-        if stop == "planned":
+        if stop != "crash":
             for _ in range(6):
                 sweep()
             assert get("/v1/findings") == []

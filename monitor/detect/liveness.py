@@ -187,12 +187,21 @@ class Liveness:
         and the launcher stopped ``e`` (torchrun stops a crashed worker's peers)."""
         fg = full.groups.get(gv.replica_group) if full is not None else None
         rid, ws = e.replica_id, e.state.get("group_world_size")
-        held = {r.state.get("group_rank") for r in gv.ranks if r.replica_id == rid}
-        urls = {r.url for r in (fg.ranks if fg is not None else ())
-                if not r.reachable and r.state and not r.ended and r.failures > e.failures
-                and not (r.trust is not None and r.trust.evidence)
-                and r.replica_id in (None, rid) and r.state.get("group_world_size") == ws
-                and r.state.get("group_rank") not in held}
+        mine = [r for r in gv.ranks if r.replica_id == rid]
+        held = {r.state.get("group_rank") for r in mine}
+        # its claims are unverified: a slot of the group, on a host of the incarnation (the
+        # launcher that stopped the peer runs there), one claimant a slot
+        hosts = {r.state.get("host") for r in mine} - {None}
+        slots: dict[int, list[str]] = {}
+        for r in fg.ranks if fg is not None and isinstance(ws, int) else ():
+            gr = r.state.get("group_rank") if r.state else None
+            if not r.reachable and not r.ended and r.failures > e.failures \
+                    and not (r.trust is not None and r.trust.evidence) \
+                    and r.replica_id in (None, rid) and r.state.get("group_world_size") == ws \
+                    and isinstance(gr, int) and 0 <= gr < ws and gr not in held \
+                    and r.state.get("host") in hosts:
+                slots.setdefault(gr, []).append(r.url)
+        urls = {u[0] for u in slots.values() if len(u) == 1}
         if urls:
             self._unheard[(gv.replica_group, rid)] = (urls, False)
 
