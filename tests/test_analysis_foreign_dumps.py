@@ -1,6 +1,7 @@
 """Dumps as torch writes them, not as the WorkerServer does: pg_status keyed by a per-process
-pg id (only groups that recorded an entry), onlyActive dumps of a TP x DP job, a rank blocked in
-one hang blamed for another, odd pg_status counts and a JSON file with a byte order mark."""
+pg id (only groups that recorded an entry), onlyActive dumps of a TP x DP job and dumps that only
+look so (cut by ?last=, without entries), a rank blocked in one hang blamed for another, odd
+pg_status counts and a JSON file with a byte order mark."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from lightkeeper.cli import main
 from monitor.analysis import GroupKey, analyze
 from monitor.analysis.engine import NOTHING_KEPT
 from tests.support.frgen import FRJob, write_dumps
+from worker_server.endpoints import filter_fr_dump
 
 
 def torch_ids(dumps: dict[int, dict]) -> dict[int, dict]:
@@ -102,6 +104,37 @@ def test_a_dump_filtered_to_other_groups_is_not_read_as_only_active():
     result = analyze(dumps)
     assert 3 not in hangs(result).get("2", (None, []))[1]
     assert hangs(result)["4"] == (5, [3], [1])
+
+
+def test_a_dump_cut_by_last_is_not_read_as_only_active():
+    # rank 1 is stuck in H (rank 2 never came) with G's seq 6 queued behind, and its CPU keeps
+    # enqueuing H: the monitor's ?last=N fetch keeps only unfinished H entries, which is no
+    # sign that it never enqueued G's seq 6
+    job = FRJob(3)
+    job.group("1", [0, 1])
+    job.group("2", [1, 2])
+    job.repeat(5, [("1", "all_reduce", [[8]]), ("2", "all_reduce", [[8]])])
+    job.collective("2", absent=[2])
+    job.collective("1", complete=False)
+    for _ in range(20):
+        job.collective("2", absent=[2])
+    dumps = torch_ids(job.dumps())
+    dumps[1] = json.loads(filter_fr_dump(json.dumps(dumps[1]).encode(), None, 10))
+    assert hangs(analyze(dumps)) == {"2": (6, [2], [1])}
+
+
+def test_a_dump_without_entries_among_full_ones_is_not_read_as_only_active():
+    # rank 1 waits in seq 6 like rank 0, but was dumped with includeCollectives=False (torch's
+    # JSON then has no "entries"); the others' completed entries show theirs are full dumps
+    job = FRJob(3)
+    job.group("1", [0, 1, 2], desc="unused_mesh_dim")
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    job.collective("0", absent=[2])
+    dumps = torch_ids(job.dumps())
+    del dumps[1]["entries"]
+    result = analyze(dumps)
+    assert hangs(result) == {"0": (6, [2], [0])}
+    assert result.findings[0].unknown_ranks == [1]
 
 
 def test_a_count_of_other_digits_costs_one_rank_not_the_analysis():

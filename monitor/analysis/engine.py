@@ -50,6 +50,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     last_seq: dict[GroupKey, dict[int, int]] = {}
     unknown: set[int] = set()
     evidence = StragglerEvidence(traces)
+    full = any(COMPLETED in g.states for t in traces.values() for g in t.groups.values())
     rows_of = {key: {r: traces[r].groups[key] for r in group_members if r in traces and key in traces[r].groups}
                for key, group_members in members.items()}
     # every group's first: a rank's own history spans the incarnations of its group
@@ -65,7 +66,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
         if key in current:
             testimony = {r: _testimony(traces.get(r), key) for r in group_members}
             last_seq[key] = {r: s for r, s in testimony.items() if s is not None}
-            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing)
+            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing, full)
             if hang is not None:
                 findings.append(hang)
         if len(rows) == len(group_members) >= 2:
@@ -394,7 +395,7 @@ def _only_active(trace: RankTrace, key: GroupKey) -> bool:
 
 def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int | None],
           rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace], signatures: list[Signature],
-          blame_missing: bool) -> HangFinding | None:
+          blame_missing: bool, full: bool) -> HangFinding | None:
     known = {r: s for r, s in testimony.items() if s is not None}
     if blame_missing and known:
         # a rank without a dump is assumed to have done what is known to have completed (NCCL),
@@ -402,8 +403,11 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
         done = [c for c in map(_last_completed, rows.values()) if c is not None]
         assumed = max(done) if done else min(known.values()) - 1
         known.update({r: assumed for r in group_members if r not in traces})
+    # not inferred from a dump ?last= cut (its older entries may hold the group's), nor from one
+    # without entries while others keep completed ones (taken with includeCollectives=False)
     idle = [r for r in group_members if r not in known and r in traces and key.quorum_id is None
-            and _only_active(traces[r], key)]
+            and _only_active(traces[r], key) and not traces[r].cut
+            and not (full and traces[r].last_entry is None)]
     if idle and (open_seqs := [s for t in rows.values() if (s := _first_unfinished(t)) is not None]):
         # onlyActive dumps keep every unfinished entry: a member holding none of the group never
         # enqueued the oldest one another member holds unfinished

@@ -107,6 +107,7 @@ class RankTrace:
     status_enqueued: bool = False
     status_completed: bool = False
     kept_pg: str | None = None  # a filtered dump's ``filter.pg``: only that group's entries kept
+    cut: bool = False  # a ``?last=`` dump that may have left older entries out
 
     @property
     def wrapped(self) -> bool:
@@ -133,10 +134,15 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
     names = {str(c.get("name", k)) if isinstance(c, Mapping) else str(k) for k, c in config.items()} \
         if isinstance(config, Mapping) else set()
     filt = dump.get("filter")
-    kept = filt.get("pg") if isinstance(filt, Mapping) else None
+    filt = filt if isinstance(filt, Mapping) else {}
+    kept = filt.get("pg")
+    # ?last=N keeps the newest N: where entries_total (every group's) counts more, older ones may
+    # be left out (read from the filter alone: the C reader's header holds no entries)
+    cap, total = _count(filt.get("last")), _count(filt.get("entries_total"))
     return {"enqueued": last if nccl and last and set(last) == names else {},
             "status_enqueued": any(n > 0 for n in last.values()), "status_completed": nccl and completed,
-            "kept_pg": None if kept is None else str(kept)}
+            "kept_pg": None if kept is None else str(kept),
+            "cut": cap is not None and (total is None or total > cap)}
 
 
 def _count(raw: Any) -> int | None:
