@@ -195,7 +195,7 @@ class Liveness:
         slots: dict[int, list[str]] = {}
         for r in fg.ranks if fg is not None and isinstance(ws, int) else ():
             gr = r.state.get("group_rank") if r.state else None
-            if not r.reachable and not r.ended and r.failures > e.failures \
+            if r.state and not r.reachable and not r.ended and r.failures > e.failures \
                     and not (r.trust is not None and r.trust.evidence) \
                     and r.replica_id in (None, rid) and r.state.get("group_world_size") == ws \
                     and isinstance(gr, int) and 0 <= gr < ws and gr not in held \
