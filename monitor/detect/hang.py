@@ -38,8 +38,10 @@ def untimed(gv: GroupView) -> bool:
 
 
 def _inner(analysis: list[dict]) -> dict[int, dict]:
+    """Each replica group's first hang within it, one naming a culprit first (a hang whose
+    ranks are only blocked in another names none)."""
     inner: dict[int, dict] = {}
-    for h in analysis:
+    for h in sorted(analysis, key=lambda h: not h.get("culprits")):
         if h["kind"] == "hang" and h["replica_group"] is not None:
             inner.setdefault(int(h["replica_group"]), h)
     return inner
