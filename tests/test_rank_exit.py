@@ -87,6 +87,23 @@ def test_a_hung_rank_exits_when_told(hung_rank):
         requests.get(url + "/healthz", timeout=2)
 
 
+def test_a_rank_whose_output_pipe_is_gone_still_exits_when_told():
+    # `python train.py | head`: the reader is gone, every write to stdout/stderr fails (EPIPE)
+    env = {**os.environ, "LIGHTKEEPER_EXIT_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    env.pop("LIGHTKEEPER_MONITOR", None)
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_RANK], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        url = proc.stdout.readline().split()[1].decode()
+        proc.stdout.close()
+        res = RankCalls(TOKEN).exit(FakeRank(url, 3), "evicted")
+        assert res.http_status == 202
+        wait_until(lambda: proc.poll() is not None, 10, what="the rank to exit")
+        assert proc.returncode == 1
+    finally:
+        stop_process(proc, grace=0)
+
+
 class FakeRank:
     def __init__(self, url: str, rank: int) -> None:
         self.url, self.rank = url, rank

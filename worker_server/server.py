@@ -98,11 +98,12 @@ def serving() -> list[WorkerServer]:
 def exit_process(reason: str, delay_s: float = 0.2) -> None:
     """End this process ``delay_s`` from now (the HTTP answer goes out first), whatever its
     training thread is doing: blocked in a collective or hung, it could not be asked to stop.
-    ``os._exit`` skips cleanup; the OS frees the process's ports, memory and devices."""
-    print(f"[lightkeeper] exiting (status {EXIT_STATUS}): {reason}", flush=True)
+    ``os._exit`` skips cleanup; the OS frees the process's ports, memory and devices. The timer
+    starts before the line is written: a closed stdout/stderr (a pipe's reader gone) stops neither."""
     timer = threading.Timer(delay_s, os._exit, args=(EXIT_STATUS,))
     timer.daemon = True
     timer.start()
+    say(f"exiting (status {EXIT_STATUS}): {reason}")
 
 
 def server_kind(given: str | None, env) -> str:
