@@ -6,13 +6,16 @@ pg_status counts and a JSON file with a byte order mark."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from lightkeeper.cli import main
 from monitor.analysis import GroupKey, analyze
 from monitor.analysis.engine import NOTHING_KEPT
 from tests.support.frgen import FRJob, write_dumps
-from worker_server.endpoints import filter_fr_dump
+from worker_server.endpoints import filter_fr_dump, fr_trace_body
 
 
 def torch_ids(dumps: dict[int, dict]) -> dict[int, dict]:
@@ -100,16 +103,55 @@ def test_an_only_active_hang_in_a_job_with_an_unused_group_is_found():
 
 def test_a_dump_filtered_to_other_groups_is_not_read_as_only_active():
     dumps = only_active(tp_dp_job())
-    dumps[3]["filter"] = {"pg": "4", "last": 64, "entries_total": 0}
+    dumps[3]["filter"] = {"pg": "4", "last": 64, "entries_total": 0, "only_active": True}
     result = analyze(dumps)
     assert 3 not in hangs(result).get("2", (None, []))[1]
     assert hangs(result)["4"] == (5, [3], [1])
 
 
-def test_a_dump_cut_by_last_is_not_read_as_only_active():
+def test_a_worker_servers_fetch_says_whether_it_is_only_active():
+    # ?onlyactive=true&last=N: the filter says torch dumped it so; without the flag (an older
+    # server) rank 2's dump is read as a whole one whose buffer wrapped: no word on DP ("3")
+    who = SimpleNamespace(identity=SimpleNamespace(rank=0, replica_group=None, group_rank=0, group_world_size=1,
+                                                   host="h", job="j"), replica_id=None)
+
+    def fetch(dump: dict, **args: str) -> dict:
+        return json.loads(fr_trace_body(who, None, args, lambda *_, only_active: json.dumps(dump).encode()))
+
+    asked = {r: fetch(d, onlyactive="true", last="64") for r, d in only_active(tp_dp_job()).items()}
+    assert asked[3]["filter"]["only_active"] is True
+    assert hangs(analyze(asked)) == {"2": (5, [3], [2]), "3": (5, [], [0]), "4": (5, [3], [1])}
+    plain = {r: fetch(d, last="64") for r, d in only_active(tp_dp_job()).items()}
+    assert "only_active" not in plain[3]["filter"]
+    assert hangs(analyze(plain)) == {"2": (5, [3], [2]), "4": (5, [3], [1])}
+
+
+def test_torchfts_cross_group_groups_are_not_read_as_only_active():
+    # torch's own dumps (no incarnations) of torchft 0.2's per-group-rank groups list them by
+    # replica rank ([0, 1]): rank 1 only seems a member of torchft_quorum_2_rank_0
+    f0, f1 = "torchft_quorum_2_rank_0", "torchft_quorum_2_rank_1"
+    job = FRJob(4)
+    for name, ranks in (("a0", [0, 1]), ("a1", [2, 3]), (f0, [0, 2]), (f1, [1, 3])):
+        job.group(name, ranks)
+    job.repeat(3, [(g, "all_reduce", [[8]]) for g in ("a0", "a1", f0, f1)])
+    job.collective("a0")
+    job.collective("a1")
+    job.collective(f0, absent=[2])
+    job.collective(f1, absent=[3])
+    job.collective("a0", complete=False)
+    dumps = only_active(job.dumps())
+    for d in dumps.values():
+        for c in d["pg_config"].values():
+            if c["name"] in (f0, f1):
+                c["ranks"] = "[0, 1]"
+    assert hangs(analyze(dumps)) == {}
+
+
+@pytest.mark.parametrize("asked_only_active", [False, True])
+def test_a_dump_cut_by_last_is_not_read_as_only_active(asked_only_active):
     # rank 1 is stuck in H (rank 2 never came) with G's seq 6 queued behind, and its CPU keeps
-    # enqueuing H: the monitor's ?last=N fetch keeps only unfinished H entries, which is no
-    # sign that it never enqueued G's seq 6
+    # enqueuing H: a ?last=N fetch (the monitor's, or one asking for onlyActive) keeps only
+    # unfinished H entries, which is no sign that it never enqueued G's seq 6
     job = FRJob(3)
     job.group("1", [0, 1])
     job.group("2", [1, 2])
@@ -119,7 +161,8 @@ def test_a_dump_cut_by_last_is_not_read_as_only_active():
     for _ in range(20):
         job.collective("2", absent=[2])
     dumps = torch_ids(job.dumps())
-    dumps[1] = json.loads(filter_fr_dump(json.dumps(dumps[1]).encode(), None, 10))
+    one = only_active({1: dumps[1]})[1] if asked_only_active else dumps[1]
+    dumps[1] = json.loads(filter_fr_dump(json.dumps(one).encode(), None, 10, asked_only_active))
     assert hangs(analyze(dumps)) == {"2": (6, [2], [1])}
 
 

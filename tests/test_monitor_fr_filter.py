@@ -22,12 +22,17 @@ import time
 import pytest
 
 import tests.test_monitor_detectors as scenarios
+from monitor.analysis import analyze
 from monitor.config import MonitorConfig
+from monitor.evidence.torch_rank import adapted_dump
 from monitor.evidence.view import ViewBuilder
 from monitor.polling import FR_LAST, FR_LAST_LEADERS
 from monitor.service import Monitor
+from rank_wire.recorders import merge
 from tests.support.fake_rank import FakeRank
+from tests.support.frgen import FRJob
 from tests.support.monitor_sim import SimRanks, rank_state
+from tests.test_analysis_foreign_dumps import hangs, torch_ids
 from worker_server.app import filter_fr_dump
 
 SCENARIOS = [
@@ -69,6 +74,73 @@ def test_the_same_verdicts_from_cut_dumps(monkeypatch, name, pg, last):
     assert cut["dumps"] > 0
     if (last == 64 and "in_group" in name) or (last == 16 and "cross_group" in name):  # cut
         assert cut["shorter"] > 0 and cut["bytes"] < cut["whole_bytes"]
+
+
+@pytest.mark.parametrize("recorder", ["gloo", "reset", "reset, nothing since"])
+def test_a_late_leader_is_named_from_torchfts_group_alone(recorder):
+    """Replica group 1's leader joined quorum 2 but never enters its cross-group all_reduce. Its
+    ``?pg=torchft`` answer keeps no entry that completed, though pg_status counts its inner NCCL
+    group's: the cross-group group is on gloo (never completed), or NCCL's recorder was reset at
+    the quorum change (and held nothing since). None is onlyActive: it enqueued none of quorum 2's."""
+    job = FRJob(4, replica_group_size=2)
+    job.group("a0", [0, 1])
+    job.group("a1", [2, 3])
+    job.quorum(1, [0, 1])
+    job.repeat(4, [("a0", "all_reduce", [[8]]), ("a1", "all_reduce", [[8]])])
+    for _ in range(4):
+        job.ft_collective()
+    job.quorum(2, [0, 1])
+    before = {r: len(d["entries"]) for r, d in job.dumps().items()}
+    job.collective("a0")
+    job.collective("a1")
+    job.ft_collective(absent=[2, 3])
+    leaders = {}
+    for r, d in job.dumps(ranks=[0, 2]).items():
+        if recorder != "gloo":
+            d["entries"] = [dict(e, record_id=i + 1) for i, e in enumerate(d["entries"][before[r]:])
+                            if r == 0 or recorder == "reset"]
+        else:
+            for e in d["entries"]:
+                if e["process_group"][0] == "":
+                    e.update(state="scheduled", time_discovered_started_ns=0, time_discovered_completed_ns=0)
+        leaders[r] = json.loads(filter_fr_dump(json.dumps(d).encode(), "torchft", FR_LAST_LEADERS))
+    found = {(f.group.quorum_id, f.group.group_rank): (f.seq, f.culprit_ranks, f.waiting_ranks)
+             for f in analyze(leaders).findings if f.kind == "hang"}
+    assert found == {(2, 0): (1, [2], [0])}
+
+
+def test_a_torch_only_dump_cut_to_its_newest_entries_is_not_read_as_only_active():
+    # rank 1 waits in "2" (rank 2 never came) with "1"'s seq 6 queued behind, and its CPU ran on
+    # in "2": the newest FR_LAST entries adapted_dump keeps are unfinished ones of "2"
+    job = FRJob(3)
+    job.group("1", [0, 1])
+    job.group("2", [1, 2])
+    job.repeat(5, [("1", "all_reduce", [[8]]), ("2", "all_reduce", [[8]])])
+    job.collective("2", absent=[2])
+    job.collective("1", complete=False)
+    for _ in range(FR_LAST + 20):
+        job.collective("2", absent=[2])
+    dumps = {r: adapted_dump(d, {"rank": r, "replica_group": None, "group_rank": r, "group_world_size": 3},
+                             None, 1.8e9) for r, d in torch_ids(job.dumps()).items()}
+    assert hangs(analyze(dumps)) == {"2": (6, [2], [1])}
+
+
+def test_a_rank_stuck_after_its_recorder_was_reset_is_named():
+    # torchft resets NCCL's recorder at a quorum change: rank 1, stuck before its first collective
+    # since, answers no entry at all (pg_status keeps its counts, by pg id); rank 0 waits in "1"'s
+    # seq 6; ranks 2 and 3, another replica group, completed theirs
+    job = FRJob(4)
+    job.group("1", [0, 1])
+    job.group("2", [2, 3])
+    job.repeat(5, [("1", "all_reduce", [[8]]), ("2", "all_reduce", [[8]])])
+    before = {r: len(d["entries"]) for r, d in job.dumps().items()}
+    job.collective("2")
+    job.collective("1", absent=[1])
+    dumps = {}
+    for r, d in torch_ids(job.dumps()).items():
+        d["entries"] = [dict(e, record_id=i) for i, e in enumerate(d["entries"][before[r]:])]
+        dumps[r] = json.loads(filter_fr_dump(json.dumps(merge(None, d)).encode(), None, FR_LAST))
+    assert hangs(analyze(dumps)) == {"1": (6, [1], [0])}
 
 
 def test_a_rank_that_refuses_the_filter_is_asked_for_its_whole_dump():

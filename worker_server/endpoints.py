@@ -135,15 +135,16 @@ def state_recent(doc: dict[str, Any], recent: int) -> dict[str, Any]:
     return doc
 
 
-def filter_fr_dump(body: bytes, pg: str | None, last: int | None) -> bytes:
+def filter_fr_dump(body: bytes, pg: str | None, last: int | None, only_active: bool = False) -> bytes:
     """``/v1/fr_trace?pg=<name>&last=N``: only the entries of one process group, the newest N.
 
     ``pg=torchft`` is torchft's cross-replica-group group, every incarnation of it (entries whose
     ``pg_id`` an incarnation names, or whose name is torchft's: ``''`` or
     ``torchft_quorum_*``); any other value matches a process group's name or description exactly.
     ``last`` keeps the newest N entries (of that group, when both are given). Every other key is
-    kept as it is, and ``filter`` says what was left out (``entries_total`` in the full dump).
-    A dump that is not a JSON object with an ``entries`` list is returned unchanged."""
+    kept as it is, and ``filter`` says what was left out (``entries_total`` in the full dump) and,
+    with ``only_active: true``, that torch was asked for onlyActive (a cut or filtered dump does
+    not show it). A dump that is not a JSON object with an ``entries`` list is returned unchanged."""
     try:
         doc = json.loads(body)
     except ValueError:
@@ -170,6 +171,8 @@ def filter_fr_dump(body: bytes, pg: str | None, last: int | None) -> bytes:
         kept = kept[-last:]
     doc["entries"] = kept
     doc["filter"] = {"pg": pg, "last": last, "entries_total": len(entries)}
+    if only_active:
+        doc["filter"]["only_active"] = True
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -232,7 +235,7 @@ def fr_trace_body(state: RankState, tracker: IncarnationTracker | None, args: Pa
     finally:
         _FR_CALLERS.release()
     if pg is not None or last is not None:
-        body = filter_fr_dump(body, pg, last)
+        body = filter_fr_dump(body, pg, last, only_active)
     return body
 
 

@@ -388,9 +388,14 @@ def _kept(trace: RankTrace, key: GroupKey) -> bool:
 
 
 def _only_active(trace: RankTrace, key: GroupKey) -> bool:
-    """An onlyActive dump, of this group too: pg_status shows collectives completed (NCCL), no
-    entry kept did. It keeps every unfinished entry of the group."""
-    return trace.status_completed and _kept(trace, key) and not any(COMPLETED in g.states for g in trace.groups.values())
+    """An onlyActive dump, of this group too, where pg_status shows collectives completed (NCCL):
+    as a WorkerServer's ``filter`` says, or, without one, where no entry kept did. It keeps every
+    unfinished entry of the group."""
+    if not (trace.status_completed and _kept(trace, key)):
+        return False
+    if trace.only_active is not None:
+        return trace.only_active
+    return not any(COMPLETED in g.states for g in trace.groups.values())
 
 
 def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int | None],
@@ -403,11 +408,12 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
         done = [c for c in map(_last_completed, rows.values()) if c is not None]
         assumed = max(done) if done else min(known.values()) - 1
         known.update({r: assumed for r in group_members if r not in traces})
-    # not inferred from a dump ?last= cut (its older entries may hold the group's), nor from one
-    # without entries while others keep completed ones (taken with includeCollectives=False)
+    # not for torchft's cross-group groups (members by replica rank), nor from a dump ?last= cut
+    # (its older entries may hold the group's), nor from one of torch's own without entries while
+    # others keep completed ones (taken with includeCollectives=False)
     idle = [r for r in group_members if r not in known and r in traces and key.quorum_id is None
-            and _only_active(traces[r], key) and not traces[r].cut
-            and not (full and traces[r].last_entry is None)]
+            and not is_torchft_pg_name(key.pg) and _only_active(t := traces[r], key) and not t.cut
+            and not (full and t.only_active is None and t.last_entry is None)]
     if idle and (open_seqs := [s for t in rows.values() if (s := _first_unfinished(t)) is not None]):
         # onlyActive dumps keep every unfinished entry: a member holding none of the group never
         # enqueued the oldest one another member holds unfinished

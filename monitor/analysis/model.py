@@ -108,6 +108,10 @@ class RankTrace:
     status_completed: bool = False
     kept_pg: str | None = None  # a filtered dump's ``filter.pg``: only that group's entries kept
     cut: bool = False  # a ``?last=`` dump that may have left older entries out
+    # a WorkerServer's dump (it has ``filter``): torch was asked for onlyActive, or, not filtered
+    # by ?pg=, it holds no entry at all (always asked for: its recorder held none, as NCCL's
+    # after torchft's reset at a quorum change); None: a dump without filter, read by its shape
+    only_active: bool | None = None
 
     @property
     def wrapped(self) -> bool:
@@ -134,7 +138,8 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
     names = {str(c.get("name", k)) if isinstance(c, Mapping) else str(k) for k, c in config.items()} \
         if isinstance(config, Mapping) else set()
     filt = dump.get("filter")
-    filt = filt if isinstance(filt, Mapping) else {}
+    own = isinstance(filt, Mapping)
+    filt = filt if own else {}
     kept = filt.get("pg")
     # ?last=N keeps the newest N: where entries_total (every group's) counts more, older ones may
     # be left out (read from the filter alone: the C reader's header holds no entries)
@@ -142,7 +147,9 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
     return {"enqueued": last if nccl and last and set(last) == names else {},
             "status_enqueued": any(n > 0 for n in last.values()), "status_completed": nccl and completed,
             "kept_pg": None if kept is None else str(kept),
-            "cut": cap is not None and (total is None or total > cap)}
+            "cut": cap is not None and (total is None or total > cap),
+            # a filter without the flag: not asked for, or an older server's
+            "only_active": (filt.get("only_active") is True or (kept is None and total == 0)) if own else None}
 
 
 def _count(raw: Any) -> int | None:

@@ -134,8 +134,12 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
           if is_torchft_pg_name(recorders.pg_name(e)) and _int(e.get("pg_id")) is not None]
     newest = max((_int(e["pg_id"]) for e in ft), default=None)
     out = {k: v for k, v in dump.items() if k not in ("entries", "pg_config")}
-    out["entries"] = [e for e in entries if not is_torchft_pg_name(recorders.pg_name(e))
-                      or _int(e.get("pg_id")) == newest][-FR_LAST:]
+    kept = [e for e in entries if not is_torchft_pg_name(recorders.pg_name(e))
+            or _int(e.get("pg_id")) == newest]
+    out["entries"] = kept[-FR_LAST:]
+    # said as the WorkerServer's ?last= says it: torch's handler gave a whole dump, not an
+    # onlyActive one, which the analysis could not tell from one cut here to unfinished entries
+    out["filter"] = {"pg": None, "last": FR_LAST, "entries_total": len(kept), "only_active": False}
     config = dump.get("pg_config")
     out["pg_config"] = {k: v for k, v in config.items() if not is_torchft_pg_name(str(k))} \
         if isinstance(config, Mapping) else {}
