@@ -18,7 +18,7 @@ import time
 import weakref
 
 from waitress.channel import HTTPChannel
-from waitress.server import create_server
+from waitress.server import TcpWSGIServer, create_server
 from waitress.task import WSGITask
 
 from .urls import http_url
@@ -152,6 +152,44 @@ class _Channel(HTTPChannel):
         return False if self._held() else super()._flush_some(do_close=do_close)
 
 
+class _Server(TcpWSGIServer):
+    """waitress' server, pausing its accepts while this process is out of file descriptors:
+    waitress retries at once and logs a traceback each time, spinning a core and flooding the
+    job's log. One line when it starts and one when it ends."""
+
+    _paused_until = 0.0
+    _short = False
+
+    def accept(self):
+        try:
+            pair = super().accept()
+        except OSError as e:
+            if e.errno not in _NO_FDS:
+                raise
+            if not self._short:
+                self._short = True
+                logging.getLogger(__name__).warning(
+                    "%s: cannot accept connections (%s): retrying every %.1f s",
+                    http_url(self.effective_host, self.effective_port),
+                    os.strerror(e.errno), ACCEPT_PAUSE_S)
+            self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
+            return None
+        if pair is not None and self._short:
+            self._short = False
+            logging.getLogger(__name__).warning(
+                "%s: accepting connections again",
+                http_url(self.effective_host, self.effective_port))
+        return pair
+
+    def readable(self):
+        # the loop's poll timeout (1 s) ends a pause at the latest
+        return super().readable() and time.monotonic() >= self._paused_until
+
+
+_NO_FDS = (errno.EMFILE, errno.ENFILE)
+ACCEPT_PAUSE_S = 0.5
+
+
 class BackgroundWSGIServer:
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, threads: int = 4,
                  name: str = "lightkeeper-http",
@@ -170,6 +208,7 @@ class BackgroundWSGIServer:
         except BaseException:
             sock.close()
             raise
+        self._server.__class__ = _Server  # create_server's TcpWSGIServer for the one socket
         self._server.channel_class = _Channel
         self.host = host
         self.port = int(self._server.effective_port)
