@@ -186,6 +186,7 @@ class JobWide:
         self._slow_since: float | None = None
         self._members: frozenset = frozenset()  # (group, replica id) of the newest quorum
         self._stall_suspected = False  # this sweep: a job stall on its way (STALL_SUSPECT)
+        self._held = False  # a job_stall explained by an eviction torchft has not acted on yet
         self._changed_at: int | None = None  # the newest step when they last changed
         self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
@@ -214,9 +215,15 @@ class JobWide:
 
         blamed = sorted({k[1] for k in self.findings.open if k[0] in GROUP_KINDS
                          and of_quorum(k[1])})
-        # a group evicted, still of the quorum, holds the others until torchft drops it
+        # a group evicted, still of the quorum, holds the others until torchft drops it: seen
+        # so, or among the Lighthouse's members of it (its spare may be up under a new id)
+        lh = lighthouse.members if lighthouse is not None and q is not None \
+            and lighthouse.quorum_id == q else {}
         killed = [g for g, gv in view.groups.items() if gv.replica_id in evicted
-                  and of_quorum(g)] if evicted and not blamed else []
+                  and of_quorum(g)] + [rid for rid in lh if rid in evicted] \
+            if evicted and not blamed else []
+        self._held = bool(killed) and (self._held or ("job_stall", None, None)
+                                       in self.findings.open)
         self._note_lighthouse(groups, now)
         members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
         if members != self._members:  # a group left, joined or was restarted
@@ -279,9 +286,10 @@ class JobWide:
         return ("network", " and ".join(since) + " since") if since else ("lighthouse", None)
 
     def suspected(self) -> bool:
-        """A slow window seen but ``job_slow`` not yet confirmed, or a job stall past
-        ``STALL_SUSPECT`` of the hang threshold (the probe mesh starts then)."""
-        return bool(self._slow) or self._stall_suspected
+        """A slow window seen but ``job_slow`` not yet confirmed, a job stall past
+        ``STALL_SUSPECT`` of the hang threshold (the probe mesh starts then), or one explained
+        by an eviction whose group torchft still holds the others for."""
+        return bool(self._slow) or self._stall_suspected or self._held
 
     def baseline_medians(self) -> tuple[float, float, float, float] | None:
         if len(self.baseline) < self.cfg.job_baseline_windows:

@@ -199,15 +199,15 @@ class Network:
 
     def judge(self, view: ClusterView, rnd: ProbeRound | None, now: float,
               blind: str | None, pending: bool = False) -> list[Finding]:
-        """``pending``: a job-wide finding is on its way; rounds then count towards a host's
-        streak, but only an open one confirms a host."""
+        """``pending``: a job-wide finding is on its way (or held by an eviction); rounds then
+        count towards a host's streak, but only an open one confirms a host, and the job has
+        not recovered."""
         findings = self.findings
         jobs = [f for k, f in findings.open.items() if k[0] in JOB_KINDS]
-        if not jobs:
+        if not jobs and not pending:
             findings.resolve_where("job_recovered", now, ("network",))
-            if not pending:
-                self._streak, self._heal_rounds = {}, 0
-                return []
+            self._streak, self._heal_rounds = {}, 0
+            return []
         if rnd is None or blind:
             return []  # a round finished blind is not evidence
         healing = any((r.state or {}).get("phase") == "healing" for gv in view.groups.values()
