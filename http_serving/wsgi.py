@@ -26,6 +26,10 @@ from .urls import http_url
 # Both servers take only small JSON bodies (a fault spec, a registration): anything larger is
 # refused by waitress with 413 before it is buffered (waitress' own default is 1 GiB).
 MAX_REQUEST_BODY = 64 * 1024
+# waitress copies an answer past this (its default: 1 MiB) to a temp file: a read-only root fails
+# it, and a rank's dump goes to disk inside training. Above the largest answer read: a rank's
+# /v1/fr_trace (the monitor's --max-fr-bytes, 64 MiB), the probe payload (4 MiB).
+OUTBUF_OVERFLOW = 128 << 20
 # "Task queue depth is N" under a burst of polls is waitress' own matter, not the job's log
 logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 _BOUND: weakref.WeakSet = weakref.WeakSet()  # this process's servers
@@ -204,7 +208,8 @@ class BackgroundWSGIServer:
                                          # select() fails on a descriptor past 1023 and ends
                                          # the server: a rank's job or a monitor's pool has more
                                          asyncore_use_poll=True,
-                                         max_request_body_size=max_request_body_size)
+                                         max_request_body_size=max_request_body_size,
+                                         outbuf_overflow=OUTBUF_OVERFLOW)
         except BaseException:
             sock.close()
             raise

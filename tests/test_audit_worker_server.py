@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +15,7 @@ from pathlib import Path
 import requests
 
 from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server.probe import MAX_BYTES
 
 
 def test_a_wedged_flight_recorder_dump_does_not_starve_healthz():
@@ -50,6 +54,22 @@ def test_a_wedged_flight_recorder_dump_does_not_starve_healthz():
         release.set()
         pool.shutdown(wait=True)
         srv.stop()
+
+
+def test_large_answers_need_no_writable_temp_dir(monkeypatch, tmp_path, caplog):
+    # a read-only root: no temp file can be made, where waitress put any answer over 1 MiB
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "absent"))
+    dump = json.dumps({"entries": [{"x": "y" * 500}] * 6000}).encode()  # 3 MB
+    srv = WorkerServer(RankState(RankIdentity(job="audit")), fr_dumper=lambda *_a, **_k: dump)
+    srv.serve()
+    try:
+        r = requests.get(srv.url + "/v1/fr_trace", timeout=20)
+        assert r.status_code == 200 and len(r.json()["entries"]) == 6000
+        r = requests.get(srv.url + "/v1/probe/payload", params={"bytes": MAX_BYTES}, timeout=20)
+        assert r.status_code == 200 and len(r.content) == MAX_BYTES
+    finally:
+        srv.stop()
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING], caplog.text
 
 
 FAILING_RANK = """
