@@ -158,14 +158,18 @@ def main() -> int:
             print(json.dumps({k: row.get(k) for k in (
                 "case", "mode", "rc", "healthy_steps_per_s", "back_at_pace_s",
                 "pace_after_onset_x", "host_named_after_s", "host_named_after_steps",
-                "evictions", "aborts", "quarantined", "ledger")}), flush=True)
+                "evictions", "aborts", "quarantined", "ledger")} | (
+                    {"error": row["error"]} if "error" in row else {})), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "commit": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                      capture_output=True, text=True).stdout.strip(),
             "load_avg": os.getloadavg(), "rows": rows}, indent=1))
-    return 0
+    failed = [f"{r['case']}/{r['mode']}" for r in rows if "error" in r]
+    if failed:  # a row of nulls is no measurement
+        print(f"bench_network: no figures for {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

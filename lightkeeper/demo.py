@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 from .demo_loop import Demo, Stop
-from .scenario import Scenario, default_faults, parse_inject, soak_faults
+from .scenario import Scenario, Schedule, default_faults, parse_inject, soak_faults
 
 LOCK_NAME = "lightkeeper-demo.lock"
 MAX_LOOPBACK_HOSTS = 250  # 127.0.0.2..127.0.0.251
@@ -290,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_faults and plans:
         print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
         return 2
-    from trainer.faults import NETWORK_KINDS, parse_fault
+    from trainer.faults import parse_fault
 
     late = [p.spec for p in plans if args.steps and p.spec
             and parse_fault(p.spec).at_step >= args.steps]
@@ -309,12 +309,9 @@ def run(args: argparse.Namespace) -> int:
         print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
               "--inject, no --no-faults)", file=sys.stderr)
         return 2
-    held = _quarantine_off(args)
-    network = [p.spec for p in plans if p.kind in NETWORK_KINDS]
-    if held and network:
-        print(f"lightkeeper demo: {network[0]} is a network fault, and with {held} its host "
-              "is never healed (only a quarantined host is): its group would be restarted onto "
-              f"the broken host until it gives up; drop {held} or the fault", file=sys.stderr)
+    refused, note = _network_plans(args, plans)
+    if refused:
+        print(f"lightkeeper demo: {refused}", file=sys.stderr)
         return 2
     try:  # before the lock and the hosts: a run never starts without a place for its report
         report_dir = _report_dir(args.report_dir)
@@ -326,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightkeeper demo: needs {' and '.join(missing)} to train; install them with "
               "pip install 'lightkeeper[trainer]' (docs/install.md)", file=sys.stderr)
         return 2
+    if note:
+        print(f"lightkeeper demo: {note}", flush=True)
     # From here a SIGTERM or SIGHUP (the terminal closed) is a Ctrl-C: the default action would
     # leave the namespaces being built, and every process started (in sessions of their own), behind
     old = _stop_handlers()
@@ -334,6 +333,43 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+LINK_KINDS = ("partition", "slow_link")  # placed by comparing hosts' links: a bad one
+LINK_MIN_GROUPS = 3  # between two hosts is neither's (monitor/detect/network.py)
+
+
+def baseline_steps() -> int:
+    """Healthy steps ``job_slow`` takes its baseline over at the monitor's defaults (the demo's)."""
+    from monitor.config import DetectorConfig
+
+    cfg = DetectorConfig()
+    return cfg.job_baseline_windows * cfg.straggler_steps
+
+
+def _network_plans(args: argparse.Namespace, plans: list) -> tuple[str | None, str | None]:
+    """(why a network fault given by ``--inject`` would never be found or healed; a line to say
+    before the run), each None when there is nothing to say."""
+    from trainer.faults import NETWORK_KINDS, parse_fault
+
+    held = _quarantine_off(args)
+    bounded = held == "--dry-run" and (args.duration is not None or args.steps is not None)
+    network = [parse_fault(p.spec) for p in plans if p.kind in NETWORK_KINDS]
+    for f in network:
+        if held and not bounded:
+            hint = ", or bound the run (--duration, --steps)" if held == "--dry-run" else ""
+            return (f"{f.spec} is a network fault, and with {held} its host is never healed "
+                    "(only a quarantined host is): its group would be restarted onto the broken "
+                    f"host until it gives up; drop {held} or the fault{hint}", None)
+        if f.kind in LINK_KINDS and args.groups < LINK_MIN_GROUPS:
+            return (f"{f.spec} with --groups {args.groups}: the monitor places a bad link among "
+                    f"{LINK_MIN_GROUPS} hosts or more, so it would never be found and its "
+                    f"group never moved off it; give --groups {LINK_MIN_GROUPS} or more", None)
+        if f.kind == "slow_link" and f.from_step < baseline_steps():
+            return (f"{f.spec}: from_step below {baseline_steps()}, the healthy steps job_slow "
+                    "takes its baseline over first: it would never be judged", None)
+    return None, (f"{network[0].spec}: with --dry-run its host is never quarantined nor healed: "
+                  "it stays broken until the run's end" if held and network else None)
 
 
 def _quarantine_off(args: argparse.Namespace) -> str | None:
@@ -388,6 +424,9 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         if args.seed is None:
             args.seed = secrets.randbelow(2**31)
         plans = soak_faults(args.seed, args.groups, args.ranks_per_group, network=network_ok)
+        if args.groups < LINK_MIN_GROUPS:  # never placed (_network_plans): not drawn
+            drawn = (filter(lambda p: p.kind not in LINK_KINDS, x) for x in (plans, plans.rest))
+            plans = Schedule(*drawn)
         print(f"lightkeeper demo: soak of {args.soak:g}s, seed {args.seed} (--seed "
               f"{args.seed} repeats the schedule)", flush=True)
     faults = [] if args.no_faults else plans or default_faults(
@@ -531,7 +570,10 @@ def build_fabric(hosts: int):
     if why is None and hosts > MAX_HOSTS:  # --hosts auto: more than a fabric has addresses for
         why = f"{hosts} hosts, a fabric has at most {MAX_HOSTS}"
     if why is None:
-        Fabric.sweep_stale()  # what a killed earlier run left
+        stale = Fabric.sweep_stale()  # what a killed earlier run left
+        if stale:
+            print(f"lightkeeper demo: removed what a killed earlier demo left: {', '.join(stale)}",
+                  flush=True)
         try:
             return Fabric.create([f"node-{i}" for i in range(hosts)]), None
         except FabricError as e:

@@ -194,8 +194,9 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
             "detected_kind": f.get("detected_kind"),
             "right_rank": (None if f.get("group_rank") is None or f.get("culprit_ranks") is None
                            else f.get("rank") in f["culprit_ranks"]),
-            "right_host": (None if not f.get("culprit_hosts") else
-                           f.get("host") in f["culprit_hosts"]),
+            # a rank that never reported its strike leaves its host unknown, not wrong
+            "right_host": (None if not f.get("culprit_hosts") or f.get("host") is None else
+                           f["host"] in f["culprit_hosts"]),
             "detect_s": None if onset is None or det is None else round(det - onset, 2),
             "back_at_pace_s": f.get("recovery_s_ranks"),
             "back_at_own_pace_s": own_pace_back(series, onset, end),

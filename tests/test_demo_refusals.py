@@ -1,7 +1,9 @@
 """What ``lightkeeper demo`` refuses before it runs, or still does when it fails: network faults
-without host quarantine (their host is healed only once quarantined), a report directory another
-user made or swapped between the check and the run (as root), more hosts than a fabric has
-addresses for; and a bug in the run still stops everything and writes the report.
+without host quarantine (their host is healed only once quarantined; a bounded --dry-run takes
+them), or that the monitor could never find (a bad link with two groups, a slow link before its
+baseline), a report directory another user made or swapped between the check and the run (as
+root), more hosts than a fabric has addresses for; namespaces a killed demo left are removed and
+said; and a bug in the run still stops everything and writes the report.
 
 In-process: nothing is started (``Demo`` is replaced; the lock is a file of no consequence)."""
 
@@ -26,6 +28,7 @@ class Reached(Exception):
     def __init__(self, sc) -> None:
         super().__init__("reached")
         self.faults = list(sc.faults)
+        self.rest = getattr(sc.faults, "rest", iter(()))  # a soak's schedule goes on
 
 
 class FakeFabric:
@@ -56,9 +59,13 @@ def cli(monkeypatch):
 
 
 def _scenario(*argv: str) -> list:
+    return _reached(*argv).faults
+
+
+def _reached(*argv: str) -> Reached:
     with pytest.raises(Reached) as got:
         demo_mod.run(demo_args(*argv))
-    return got.value.faults
+    return got.value
 
 
 # --- network faults need quarantine ------------------------------------------------------------
@@ -89,6 +96,61 @@ def test_a_dry_run_soak_has_no_network_fault(cli, tmp_path, capsys):
     faults = _scenario("--dry-run", *soak, "--report-dir", str(tmp_path / "b"))
     assert faults and not [p for p in faults if p.kind in NETWORK_KINDS], faults
     assert "no network fault in the scenario: with --dry-run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bound", [("--duration", "30"), ("--steps", "200")])
+def test_a_bounded_dry_run_takes_a_network_fault_and_says_its_host_stays_broken(cli, bound,
+                                                                                 tmp_path, capsys):
+    # torchft alone (bench_network.py): the monitor acts on nothing, the run ends on its own
+    faults = _scenario("--dry-run", *bound, "--inject", "0:partition:at_step=60",
+                       "--report-dir", str(tmp_path / "r"))
+    assert [p.spec for p in faults] == ["partition:at_step=60"]
+    assert "partition:at_step=60: with --dry-run its host is never quarantined nor healed: it " \
+           "stays broken until the run's end" in capsys.readouterr().out
+    code = demo_mod.run(demo_args("--dry-run", "--inject", "0:partition:at_step=60"))
+    assert code == 2 and "or bound the run (--duration, --steps)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["partition:at_step=60", "slow_link:mbit=20,from_step=60"])
+def test_a_link_fault_with_two_groups_is_refused_a_host_gone_is_not(cli, spec, tmp_path,
+                                                                    capsys):
+    # a bad link between two hosts is placed on neither: the job would stall to its end
+    code = demo_mod.run(demo_args("--groups", "2", "--inject", f"0:{spec}"))
+    err = capsys.readouterr().err
+    assert code == 2 and cli.built == 0 and "Traceback" not in err
+    assert err.strip() == f"lightkeeper demo: {spec} with --groups 2: the monitor places a bad " \
+        "link among 3 hosts or more, so it would never be found and its group never " \
+        "moved off it; give --groups 3 or more"
+    assert [p.kind for p in _scenario("--groups", "2", "--inject", "0:host_offline:at_step=60",
+                                      "--report-dir", str(tmp_path / "r"))] == ["host_offline"]
+
+
+def test_a_two_group_soak_draws_no_link_fault_but_takes_a_host_gone(cli, tmp_path):
+    from itertools import islice
+
+    got = _reached("--soak", "600", "--seed", "7", "--groups", "2",
+                   "--report-dir", str(tmp_path / "r"))
+    kinds = {p.kind for p in got.faults + list(islice(got.rest, 300))}
+    assert "host_offline" in kinds and not kinds & {"partition", "slow_link"}, kinds
+    assert {"slow_compute", "hang"} <= kinds
+
+
+def test_a_slow_link_before_the_monitors_baseline_is_refused(cli, tmp_path, capsys):
+    from monitor.config import DetectorConfig
+    from trainer.faults import FaultSpecError, parse_fault
+
+    cfg = DetectorConfig()  # the demo runs the monitor at its defaults
+    first = cfg.job_baseline_windows * cfg.straggler_steps
+    code = demo_mod.run(demo_args("--inject", f"0:slow_link:mbit=20,from_step={first - 1}"))
+    err = capsys.readouterr().err
+    assert code == 2 and f"from_step below {first}," in err and "never be judged" in err
+    assert _scenario("--inject", f"0:slow_link:mbit=20,from_step={first}",
+                     "--report-dir", str(tmp_path / "a"))
+    # the trainer's own example is one the demo finds
+    with pytest.raises(FaultSpecError) as e:
+        parse_fault("slow_link")
+    example = str(e.value).split("e.g. ", 1)[1]
+    assert _scenario("--inject", f"0:{example}", "--report-dir", str(tmp_path / "b"))
 
 
 # --- the report directory, as root -------------------------------------------------------------
@@ -145,6 +207,22 @@ def test_auto_hosts_beyond_a_fabric_fall_back_to_loopback(monkeypatch):
     monkeypatch.setattr(Fabric, "sweep_stale", staticmethod(lambda: []))
     fabric, note = demo_mod.build_fabric(MAX_HOSTS + 1)
     assert fabric is None and f"a fabric has at most {MAX_HOSTS}" in note
+
+
+def test_namespaces_a_killed_demo_left_are_removed_and_said(monkeypatch, capsys):
+    from lightkeeper.fabric import Fabric
+
+    left = ["lkf-4242-0-ctl", "lkf-4242-0-h0"]
+    swept = []
+    monkeypatch.setattr(Fabric, "unavailable", staticmethod(lambda: None))
+    monkeypatch.setattr(Fabric, "create", staticmethod(lambda nodes: FakeFabric()))
+    monkeypatch.setattr(Fabric, "sweep_stale", staticmethod(lambda: swept.pop() if swept else []))
+    swept.append(left)
+    assert demo_mod.build_fabric(3)[0] is not None
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "killed earlier demo left: " + ", ".join(left) in out
+    demo_mod.build_fabric(3)  # nothing left: nothing said
+    assert capsys.readouterr().out == ""
 
 
 # --- a bug in the run ------------------------------------------------------------------------

@@ -111,6 +111,16 @@ def test_summary_goodput_against_fault_free_and_torchft_alone():
     assert "seed 5" in text and "false 1" in text and "audit decisions lost: []" in text
 
 
+def test_a_fault_whose_rank_never_reported_its_strike_has_its_host_unknown_not_wrong():
+    samples = [{"last_step_at_s": 10.0 + t, "step": 2 * t} for t in range(0, 41)]
+    unsaid = _fault("partition", 0, 20.0, 30.0, None, hosts=["node-0"])  # host: None
+    said = _fault("partition", 1, 25.0, 35.0, None, host="node-2", hosts=["node-1"])
+    rep = {"faults": [unsaid, said], "duration_s": 50.0, "training_started_at_s": 10.0,
+           "healthy_step_rate": 2.0, "evictions": [], "hosts": {}, "events": []}
+    rows = summary(rep, {"seed": 1, "soak_s": 40.0}, samples)["faults"]
+    assert [r["right_host"] for r in rows] == [None, False]
+
+
 def test_summary_says_a_soak_was_cut_short_and_what_torchft_alone_leaves_out():
     """A soak stopped by Ctrl-C/SIGTERM says so on its first line; a fault whose torchft-alone
     cost is not computed (a slow link; a crash is torchft's own) is named beside that figure,

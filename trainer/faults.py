@@ -98,7 +98,7 @@ _EXAMPLES = {
     "hang": "hang:at_step=20,where=group,rank=1",
     "mismatch": "mismatch:at_step=20",
     "crash": "crash:at_step=20,rank=1",
-    "slow_link": "slow_link:mbit=20,from_step=10",
+    "slow_link": "slow_link:mbit=20,from_step=60",  # after the monitor's healthy baseline
     "partition": "partition:at_step=20",
     "host_offline": "host_offline:at_step=20",
 }

@@ -1,0 +1,47 @@
+"""``benchmarks/bench_network.py`` exits non-zero when a run gave no figures (its demo refused
+or failed): a row of nulls with status 0 reads as a measurement. The runs themselves need root
+and namespaced hosts (a benchmark, not a test): here each run's row is given."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "bench_network", ROOT / "benchmarks" / "bench_network.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod.os, "geteuid", lambda: 0)
+    return mod
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_run_without_figures_fails_the_bench(bench, monkeypatch, tmp_path, capsys, refused):
+    def run_case(case, mode, at, duration, workdir):
+        if refused and mode == "torchft_alone":
+            return {"case": case, "mode": mode, "rc": 2, "error": "no report: the demo refused"}
+        return {"case": case, "mode": mode, "rc": 0, "healthy_steps_per_s": 5.0}
+
+    monkeypatch.setattr(bench, "run_case", run_case)
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["bench_network.py", "--cases", "partition",
+                                      "--duration", "1", "--json", str(out)])
+    assert bench.main() == (1 if refused else 0)
+    printed = capsys.readouterr()
+    rows = [json.loads(line) for line in printed.out.splitlines()]
+    assert [r["mode"] for r in rows] == ["torchft_alone", "lightkeeper"]
+    if refused:
+        assert rows[0]["error"] == "no report: the demo refused"
+        assert "no figures for partition/torchft_alone" in printed.err
+    else:
+        assert "error" not in rows[0] and printed.err == ""
+    assert len(json.loads(out.read_text())["rows"]) == 2  # written either way
