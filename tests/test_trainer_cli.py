@@ -111,3 +111,19 @@ def test_a_bad_local_world_size_is_a_usage_error_before_torch(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     with pytest.raises(SystemExit, match="LOCAL_WORLD_SIZE='two' is not an integer"):
         parse([])
+
+
+def test_a_bad_cuda_timing_is_a_usage_error_before_torch(monkeypatch, capsys):
+    # with --no-worker-server the step timer raised it after the process group was set up
+    from trainer.cli import run
+
+    monkeypatch.setenv("LIGHTKEEPER_CUDA_TIMING", "sometimes")
+    said = "LIGHTKEEPER_CUDA_TIMING='sometimes': expected one of"
+    with pytest.raises(SystemExit, match=said):
+        parse(["--no-worker-server"])
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert run(p.parse_args(["--lighthouse", "http://127.0.0.1:29510",
+                             "--no-worker-server"])) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from http_serving import is_http_url, redact_url
 from worker_server.state import env_local_rank
+from worker_server.timing import cuda_timing_mode
 
 from .config import ModelConfig, TrainConfig
 from .faults import (
@@ -136,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     try:  # torch's device pick reads them, after the import this check saves
         env_local_rank()
         env_local_world_size()
+        cuda_timing_mode()  # the step timer's, also without a WorkerServer
     except ValueError as e:
         raise SystemExit(f"lightkeeper train: {e}") from None
     given = set()
