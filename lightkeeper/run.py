@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     # the job's variables too: else every rank says so in a line and trains unobserved
     port, name = ((args.worker_port, "--worker-port") if args.worker_port is not None
                   else (os.environ.get("LIGHTKEEPER_WORKER_PORT") or "0", "LIGHTKEEPER_WORKER_PORT"))
-    if not str(port).strip().isdigit() or int(port) > 65535:
+    digits = str(port).strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) > 65535:  # "²" is a digit
         sys.stderr.write(f"lightkeeper run: {name} {port!r} is not a port (0-65535)\n")
         return 2
     kind = args.worker_server or os.environ.get("LIGHTKEEPER_WORKER_SERVER") or "flask"

@@ -73,6 +73,7 @@ def test_a_bad_worker_port_in_the_environment_does_not_break_help():
     (["--worker-port", "-1"], {}, "--worker-port -1 is not a port (0-65535)"),
     ([], {"LIGHTKEEPER_WORKER_PORT": "abc"}, "LIGHTKEEPER_WORKER_PORT 'abc' is not a port"),
     ([], {"LIGHTKEEPER_WORKER_PORT": "70000"}, "LIGHTKEEPER_WORKER_PORT '70000' is not a port"),
+    ([], {"LIGHTKEEPER_WORKER_PORT": "²"}, "LIGHTKEEPER_WORKER_PORT '²' is not a port"),
     ([], {"LIGHTKEEPER_WORKER_SERVER": "nginx"}, "LIGHTKEEPER_WORKER_SERVER='nginx' is not flask"),
 ])
 def test_run_refuses_a_setting_every_rank_would_refuse(argv, env, said):
