@@ -202,3 +202,22 @@ def test_dumps_without_collectives_name_include_collectives():
         del d["entries"]
     assert analyze(dumps).notes == [NOTHING_KEPT]
     assert "includeCollectives=False" in NOTHING_KEPT and "buffer" not in NOTHING_KEPT
+
+
+@pytest.mark.parametrize("served", [False, True])
+def test_a_rank_with_its_flight_recorder_off_testifies_nothing(served):
+    """A rank run with TORCH_FR_BUFFER_SIZE=0 (a spare launched with another environment) dumps
+    no groups, no counts, no entries: no evidence that it never enqueued the collective the
+    others wait in. It was named the culprit (gloo) or hid the hang (NCCL)."""
+    job = FRJob(3)
+    job.group("1", [0, 1, 2])
+    job.repeat(5, [("1", "all_reduce", [[8]])])
+    job.collective("1", absent=[1])  # rank 1 stuck before it; 0 and 2 wait
+    dumps = job.dumps()
+    dumps[2] = {"version": dumps[2]["version"], "comm_lib_version": "", "pg_config": {},
+                "pg_status": {}, "entries": [], "rank": 2}
+    if served:  # as the WorkerServer serves the monitor
+        dumps = {r: json.loads(filter_fr_dump(json.dumps(d).encode(), None, 256))
+                 for r, d in dumps.items()}
+    [hang] = [f for f in analyze(dumps).findings if f.kind == "hang"]
+    assert (hang.culprit_ranks, hang.waiting_ranks, hang.unknown_ranks) == ([1], [0], [2])
