@@ -13,22 +13,18 @@ import uuid
 
 import pytest
 
-from lightkeeper.processes import free_port, stop_process, wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig, RailsConfig, ShardConfig
 from monitor.lease import Etcd
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
-from tests.test_monitor_shard import keys, start_etcd
+from tests.test_monitor_shard import keys, running_etcd
 
 
 @pytest.fixture
 def etcd(tmp_path):
-    client = free_port()
-    proc = start_etcd(tmp_path, client, free_port())
-    try:
-        yield f"http://127.0.0.1:{client}"
-    finally:
-        stop_process(proc, grace=2.0)
+    with running_etcd(tmp_path) as url:
+        yield url
 
 
 def test_the_leader_deletes_the_keys_of_kills_long_done(tmp_path, etcd):

@@ -10,6 +10,7 @@ that takes the group down as an exiting Manager would; tests/support/monitor_sim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -68,14 +70,21 @@ def start_etcd(data: Path, client: int, peer: int) -> subprocess.Popen:
     return proc
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
+@contextlib.contextmanager
+def running_etcd(data: Path) -> Iterator[str]:
+    """A real etcd's client URL while the block runs (its leases expire by themselves)."""
     client = free_port()
-    proc = start_etcd(tmp_path_factory.mktemp("etcd"), client, free_port())
+    proc = start_etcd(data, client, free_port())
     try:
         yield f"http://127.0.0.1:{client}"
     finally:
         stop_process(proc, grace=2.0)
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    with running_etcd(tmp_path_factory.mktemp("etcd")) as url:
+        yield url
 
 
 def keys(etcd_url: str, prefix: str) -> dict[str, dict]:

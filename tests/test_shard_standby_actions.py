@@ -21,14 +21,13 @@ import pytest
 
 import monitor.service
 import monitor.shard
-from lightkeeper.processes import free_port, stop_process
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.lease import Etcd, EtcdError, SessionLease
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks
 from tests.test_hosts import RecordingSink
-from tests.test_monitor_shard import start_etcd
+from tests.test_monitor_shard import running_etcd
 from tests.test_shard_rails import PREFIX, ROOT, MemEtcd
 
 EXIT_TOKEN = "exit-tok"
@@ -371,13 +370,8 @@ def test_a_holder_whose_proposal_another_run_withdrew_proposes_it_again(pair):
 
 @pytest.fixture
 def real_etcd(tmp_path):
-    """A real etcd's URL (tests/test_monitor_shard.py's): its leases expire by themselves."""
-    client = free_port()
-    proc = start_etcd(tmp_path, client, free_port())
-    try:
-        yield f"http://127.0.0.1:{client}"
-    finally:
-        stop_process(proc, grace=2.0)
+    with running_etcd(tmp_path) as url:
+        yield url
 
 
 def test_a_holder_proposing_evictions_for_longer_than_its_lease_keeps_it(tmp_path, real_etcd):
