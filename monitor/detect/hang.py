@@ -1,7 +1,8 @@
 """``hang``: the job stopped inside a collective, and who never entered it. A culprit is never
 itself waiting in the collective it is blamed for, nor in its own quorum call; a group that said
 it works outside the collectives on purpose (phase ``checkpoint`` or ``busy``) is held, and one
-that has not timed a step yet (its first step compiles) is judged at --starting-timeout.
+that has not timed a step yet (its first step compiles; a restarted group's heal step aside) is
+judged at --starting-timeout.
 """
 
 from __future__ import annotations
@@ -29,12 +30,22 @@ def _wait(view: ClusterView, rank: int) -> tuple[str | None, float]:
     return collective_wait(r.state)
 
 
+def _timed(st: Mapping[str, Any], recent: list[float]) -> bool:
+    """The rank timed a step other than its heal's: a process restarted into a running job
+    heals in its first step, and its warm-up (first optimizer step, next forward) goes on."""
+    if not (isinstance(st.get("last_step_seconds"), (int, float)) or recent):
+        return False
+    heals, commits = st.get("heals"), st.get("commits")
+    return not (type(heals) is int and type(commits) is int and heals > 0
+                and commits + (st.get("commit_failures") or 0) <= heals)
+
+
 def untimed(gv: GroupView) -> bool:
-    """No rank of the group has timed a step yet (a rank on torch's debug server never does)."""
+    """No rank of the group has timed a step yet, its heal's aside (a rank on torch's debug
+    server never does)."""
     ranks = gv.reachable
     return bool(ranks) and not any(
-        is_torch(r.url) or isinstance(r.state.get("last_step_seconds"), (int, float))
-        or r.recent_steps() for r in ranks)
+        is_torch(r.url) or _timed(r.state, r.recent_steps()) for r in ranks)
 
 
 def _inner(analysis: list[dict]) -> dict[int, dict]:
