@@ -85,7 +85,9 @@ def run_case(case: str, mode: str, at: int, duration: float, workdir: Path) -> d
     if not CASES[case]:
         cmd.append("--no-faults")
     if mode == "torchft_alone":
-        cmd.append("--dry-run")
+        # its story ends at "detected, not evicted": train on to --duration, for torchft's own
+        # recovery (after its process-group timeout) to fall inside the run
+        cmd += ["--dry-run", "--end-s", f"{duration:g}"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 300)
     out = {"case": case, "mode": mode, "command": " ".join(cmd[1:]), "rc": proc.returncode,

@@ -290,14 +290,6 @@ def run(args: argparse.Namespace) -> int:
     if args.no_faults and plans:
         print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
         return 2
-    from trainer.faults import parse_fault
-
-    late = [p.spec for p in plans if args.steps and p.spec
-            and parse_fault(p.spec).at_step >= args.steps]
-    if late:  # each group's trainer would refuse it (and exit) at its start
-        print(f"lightkeeper demo: --inject {late[0]!r}: at_step is never reached with --steps "
-              f"{args.steps} (steps 0 to {args.steps - 1})", file=sys.stderr)
-        return 2
     for given, flag, other in ((args.seed is not None and args.soak is None, "--seed",
                                 "needs --soak (it seeds the soak's schedule)"),
                                (args.one_host and args.hosts == "netns", "--one-host",
@@ -309,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
               "--inject, no --no-faults)", file=sys.stderr)
         return 2
-    refused, note = _network_plans(args, plans)
+    refused, note = _check_plans(args, plans)
     if refused:
         print(f"lightkeeper demo: {refused}", file=sys.stderr)
         return 2
@@ -347,20 +339,26 @@ def baseline_steps() -> int:
     return cfg.job_baseline_windows * cfg.straggler_steps
 
 
-def _network_plans(args: argparse.Namespace, plans: list) -> tuple[str | None, str | None]:
-    """(why a network fault given by ``--inject`` would never be found or healed; a line to say
-    before the run), each None when there is nothing to say."""
-    from trainer.faults import NETWORK_KINDS, parse_fault
+def _check_plans(args: argparse.Namespace, plans: list) -> tuple[str | None, str | None]:
+    """(why a fault given by ``--inject`` would never strike, or a network one never be found or
+    healed; a line to say before the run), each None when there is nothing to say."""
+    from trainer.faults import parse_fault
 
     held = _quarantine_off(args)
-    bounded = held == "--dry-run" and (args.duration is not None or args.steps is not None)
-    network = [parse_fault(p.spec) for p in plans if p.kind in NETWORK_KINDS]
+    # --dry-run evicts nothing and its run ends; kept running, its group returns to a broken host
+    kept = " --keep-running" if held == "--dry-run" and args.keep_running else ""
+    faults = [parse_fault(p.spec) for p in plans]
+    network = [f for f in faults if f.network]
+    for f in faults:  # a step the run never reaches: never struck (an at_step, trainers refuse)
+        if args.steps and max(f.at_step, f.from_step) >= args.steps:
+            step = "at_step" if f.at_step >= 0 else "from_step"
+            return (f"--inject {f.spec!r}: {step} is never reached with --steps {args.steps} "
+                    f"(steps 0 to {args.steps - 1})", None)
     for f in network:
-        if held and not bounded:
-            hint = ", or bound the run (--duration, --steps)" if held == "--dry-run" else ""
-            return (f"{f.spec} is a network fault, and with {held} its host is never healed "
-                    "(only a quarantined host is): its group would be restarted onto the broken "
-                    f"host until it gives up; drop {held} or the fault{hint}", None)
+        if held and (held != "--dry-run" or kept):
+            return (f"{f.spec} is a network fault, and with {held}{kept} its host is never "
+                    "healed (only a quarantined host is): its group would be restarted onto the "
+                    f"broken host again and again; drop {kept.strip() or held} or the fault", None)
         if f.kind in LINK_KINDS and args.groups < LINK_MIN_GROUPS:
             return (f"{f.spec} with --groups {args.groups}: the monitor places a bad link among "
                     f"{LINK_MIN_GROUPS} hosts or more, so it would never be found and its "
@@ -424,7 +422,7 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         if args.seed is None:
             args.seed = secrets.randbelow(2**31)
         plans = soak_faults(args.seed, args.groups, args.ranks_per_group, network=network_ok)
-        if args.groups < LINK_MIN_GROUPS:  # never placed (_network_plans): not drawn
+        if args.groups < LINK_MIN_GROUPS:  # never placed (_check_plans): not drawn
             drawn = (filter(lambda p: p.kind not in LINK_KINDS, x) for x in (plans, plans.rest))
             plans = Schedule(*drawn)
         print(f"lightkeeper demo: soak of {args.soak:g}s, seed {args.seed} (--seed "

@@ -19,6 +19,7 @@ import sys
 
 from http_serving import is_http_url, redact_entry, redact_url, url_list
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
+from worker_server.timing import cuda_timing_mode
 
 FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
 TOKEN_ENV = "LIGHTKEEPER_REGISTER_TOKEN"
@@ -123,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
     digits = str(port).strip()
     if not (digits.isascii() and digits.isdigit()) or int(digits) > 65535:  # "²" is a digit
         sys.stderr.write(f"lightkeeper run: {name} {port!r} is not a port (0-65535)\n")
+        return 2
+    try:  # each rank's step timer would refuse it, and its WorkerServer with it
+        cuda_timing_mode()
+    except ValueError as e:
+        sys.stderr.write(f"lightkeeper run: {e}\n")
         return 2
     kind = args.worker_server or os.environ.get("LIGHTKEEPER_WORKER_SERVER") or "flask"
     if kind.strip().lower() not in ("flask", "torch"):

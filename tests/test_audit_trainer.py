@@ -75,6 +75,8 @@ def test_a_bad_worker_port_in_the_environment_does_not_break_help():
     ([], {"LIGHTKEEPER_WORKER_PORT": "70000"}, "LIGHTKEEPER_WORKER_PORT '70000' is not a port"),
     ([], {"LIGHTKEEPER_WORKER_PORT": "²"}, "LIGHTKEEPER_WORKER_PORT '²' is not a port"),
     ([], {"LIGHTKEEPER_WORKER_SERVER": "nginx"}, "LIGHTKEEPER_WORKER_SERVER='nginx' is not flask"),
+    ([], {"LIGHTKEEPER_CUDA_TIMING": "sometimes"},
+     "LIGHTKEEPER_CUDA_TIMING='sometimes': expected one of auto, off"),
 ])
 def test_run_refuses_a_setting_every_rank_would_refuse(argv, env, said):
     # before: exit 0, and each rank said "WorkerServer not started" and trained unobserved

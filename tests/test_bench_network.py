@@ -1,15 +1,20 @@
 """``benchmarks/bench_network.py`` exits non-zero when a run gave no figures (its demo refused
-or failed): a row of nulls with status 0 reads as a measurement. The runs themselves need root
-and namespaced hosts (a benchmark, not a test): here each run's row is given."""
+or failed): a row of nulls with status 0 reads as a measurement; torchft alone trains the whole
+``--duration``. The runs themselves need root and namespaced hosts (a benchmark, not a test):
+here each run's row, or the demo's exit, is given."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from lightkeeper.scenario import Scenario
+from tests.support.demo import demo_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,3 +50,20 @@ def test_a_run_without_figures_fails_the_bench(bench, monkeypatch, tmp_path, cap
     else:
         assert "error" not in rows[0] and printed.err == ""
     assert len(json.loads(out.read_text())["rows"]) == 2  # written either way
+
+
+def test_torchft_alone_trains_to_the_end_of_its_duration(bench, monkeypatch, tmp_path):
+    # its story ends at "detected, not evicted"; the demo then stopped after end_s (3 s), before
+    # torchft's own recovery (its process-group timeout) could show
+    ran = []
+
+    def run(cmd, **kw):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    for mode in bench.MODES:
+        bench.run_case("partition", mode, 60, 45.0, tmp_path)
+    alone, acting = (demo_args(*cmd[2:]) for cmd in ran)
+    assert alone.dry_run and alone.duration == alone.end_s == 45.0
+    assert not acting.dry_run and acting.end_s == Scenario.end_s

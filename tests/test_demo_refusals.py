@@ -1,7 +1,7 @@
 """What ``lightkeeper demo`` refuses before it runs, or still does when it fails: network faults
-without host quarantine (their host is healed only once quarantined; a bounded --dry-run takes
-them), or that the monitor could never find (a bad link with two groups, a slow link before its
-baseline), a report directory another user made or swapped between the check and the run (as
+without host quarantine (their host is healed only once quarantined; a --dry-run, which ends on
+its own, takes them), or that the monitor could never find (a bad link with two groups, a slow
+link before its baseline), a fault whose step --steps never reaches, a report directory another user made or swapped between the check and the run (as
 root), more hosts than a fabric has addresses for; namespaces a killed demo left are removed and
 said; and a bug in the run still stops everything and writes the report.
 
@@ -79,13 +79,19 @@ def test_without_quarantine_the_default_scenario_has_no_network_fault(cli, flag,
     assert f"no network fault in the scenario: with {flag}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flag", ["--no-quarantine", "--quarantine-dry-run", "--dry-run"])
-def test_a_network_fault_without_quarantine_is_refused(cli, flag, capsys):
-    code = demo_mod.run(demo_args(flag, "--inject", "0:partition:at_step=20"))
+@pytest.mark.parametrize("flags, drop", [
+    (["--no-quarantine"], "--no-quarantine"),
+    (["--quarantine-dry-run"], "--quarantine-dry-run"),
+    # kept running past its end, the group would be restarted onto the broken host
+    (["--dry-run", "--duration", "30", "--keep-running"], "--keep-running"),
+])
+def test_a_network_fault_without_quarantine_is_refused(cli, flags, drop, capsys):
+    code = demo_mod.run(demo_args(*flags, "--inject", "0:partition:at_step=20"))
     err = capsys.readouterr().err
-    assert code == 2 and cli.built == 0
-    assert f"partition:at_step=20 is a network fault, and with {flag} its host is never " \
-           "healed" in err and "Traceback" not in err
+    held = "--dry-run --keep-running" if drop == "--keep-running" else drop
+    assert code == 2 and cli.built == 0 and "Traceback" not in err
+    assert f"partition:at_step=20 is a network fault, and with {held} its host is never " \
+           "healed" in err and f"drop {drop} or the fault" in err, err
 
 
 def test_a_dry_run_soak_has_no_network_fault(cli, tmp_path, capsys):
@@ -98,17 +104,16 @@ def test_a_dry_run_soak_has_no_network_fault(cli, tmp_path, capsys):
     assert "no network fault in the scenario: with --dry-run" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bound", [("--duration", "30"), ("--steps", "200")])
-def test_a_bounded_dry_run_takes_a_network_fault_and_says_its_host_stays_broken(cli, bound,
-                                                                                 tmp_path, capsys):
-    # torchft alone (bench_network.py): the monitor acts on nothing, the run ends on its own
+@pytest.mark.parametrize("bound", [(), ("--duration", "30"), ("--steps", "200")])
+def test_a_dry_run_takes_a_network_fault_and_says_its_host_stays_broken(cli, bound, tmp_path,
+                                                                        capsys):
+    # torchft alone (bench_network.py): nothing is evicted nor restarted onto the broken host,
+    # and the run ends on its own, bounded or not
     faults = _scenario("--dry-run", *bound, "--inject", "0:partition:at_step=60",
                        "--report-dir", str(tmp_path / "r"))
     assert [p.spec for p in faults] == ["partition:at_step=60"]
     assert "partition:at_step=60: with --dry-run its host is never quarantined nor healed: it " \
            "stays broken until the run's end" in capsys.readouterr().out
-    code = demo_mod.run(demo_args("--dry-run", "--inject", "0:partition:at_step=60"))
-    assert code == 2 and "or bound the run (--duration, --steps)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spec", ["partition:at_step=60", "slow_link:mbit=20,from_step=60"])
@@ -151,6 +156,21 @@ def test_a_slow_link_before_the_monitors_baseline_is_refused(cli, tmp_path, caps
         parse_fault("slow_link")
     example = str(e.value).split("e.g. ", 1)[1]
     assert _scenario("--inject", f"0:{example}", "--report-dir", str(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("spec, step", [
+    ("hang:at_step=30", "at_step"), ("slow:delay=0.5,from_step=30", "from_step"),
+    ("slow_compute:factor=3,from_step=30,rank=1", "from_step"),
+    ("slow_link:mbit=20,from_step=30", "from_step"),
+])
+def test_a_fault_whose_step_the_run_never_reaches_is_refused(cli, spec, step, tmp_path, capsys):
+    # a from_step at or past --steps was taken and never struck
+    code = demo_mod.run(demo_args("--steps", "30", "--inject", f"0:{spec}"))
+    err = capsys.readouterr().err
+    assert code == 2 and cli.built == 0
+    assert err == f"lightkeeper demo: --inject {spec!r}: {step} is never reached with --steps " \
+        "30 (steps 0 to 29)\n"
+    assert _scenario("--steps", "31", "--inject", f"0:{spec}", "--report-dir", str(tmp_path))
 
 
 # --- the report directory, as root -------------------------------------------------------------
