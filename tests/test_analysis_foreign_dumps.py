@@ -204,12 +204,13 @@ def test_dumps_without_collectives_name_include_collectives():
     assert "includeCollectives=False" in NOTHING_KEPT and "buffer" not in NOTHING_KEPT
 
 
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
 @pytest.mark.parametrize("served", [False, True])
-def test_a_rank_with_its_flight_recorder_off_testifies_nothing(served):
+def test_a_rank_with_its_flight_recorder_off_testifies_nothing(served, flavour):
     """A rank run with TORCH_FR_BUFFER_SIZE=0 (a spare launched with another environment) dumps
     no groups, no counts, no entries: no evidence that it never enqueued the collective the
     others wait in. It was named the culprit (gloo) or hid the hang (NCCL)."""
-    job = FRJob(3)
+    job = FRJob(3, flavour=flavour)
     job.group("1", [0, 1, 2])
     job.repeat(5, [("1", "all_reduce", [[8]])])
     job.collective("1", absent=[1])  # rank 1 stuck before it; 0 and 2 wait
@@ -220,4 +221,16 @@ def test_a_rank_with_its_flight_recorder_off_testifies_nothing(served):
         dumps = {r: json.loads(filter_fr_dump(json.dumps(d).encode(), None, 256))
                  for r, d in dumps.items()}
     [hang] = [f for f in analyze(dumps).findings if f.kind == "hang"]
-    assert (hang.culprit_ranks, hang.waiting_ranks, hang.unknown_ranks) == ([1], [0], [2])
+    assert (hang.culprit_ranks, hang.waiting_ranks) == ([1], [0])
+    # gloo's members are the ranks whose entries show them: rank 2 is none of the group's
+    assert hang.unknown_ranks == ([2] if flavour == "nccl" else [])
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+def test_a_rank_stuck_before_its_first_collective_is_named(flavour):
+    """Its recorder is on and lists the default group (gloo names it '' in pg_config, '0' in
+    its entries): holding no entry, it enqueued none."""
+    job = FRJob(3, flavour=flavour)
+    job.collective("0", "all_reduce", [[8]], absent=[1])
+    [hang] = [f for f in analyze(job.dumps()).findings if f.kind == "hang"]
+    assert (hang.culprit_ranks, hang.waiting_ranks) == ([1], [0, 2])

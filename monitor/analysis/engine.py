@@ -376,8 +376,8 @@ def _holds_all(trace: RankTrace, key: GroupKey) -> bool:
     the entries leave out (onlyActive keeps unfinished ones only; none kept at all)."""
     if trace.kept_pg is not None:
         return _kept(trace, key) and not _only_active(trace, key)
-    if trace.oldest_record_id is None:  # no entry: a recorder that was on lists its groups
-        return not trace.status_enqueued and key in trace.members
+    if trace.oldest_record_id is None:  # no entry: a recorder that was off lists no group
+        return not trace.status_enqueued and trace.pg_listed
     return not _only_active(trace, key)
 
 

@@ -108,6 +108,7 @@ class RankTrace:
     status_completed: bool = False
     kept_pg: str | None = None  # a filtered dump's ``filter.pg``: only that group's entries kept
     cut: bool = False  # a ``?last=`` dump that may have left older entries out
+    pg_listed: bool = True  # pg_config lists a group: its recorder was on (off: none listed)
     # a WorkerServer's dump (it has ``filter``): torch was asked for onlyActive, or, not filtered
     # by ?pg=, it holds no entry at all (always asked for: its recorder held none, as NCCL's
     # after torchft's reset at a quorum change); None: a dump without filter, read by its shape
@@ -148,6 +149,7 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
             "status_enqueued": any(n > 0 for n in last.values()), "status_completed": nccl and completed,
             "kept_pg": None if kept is None else str(kept),
             "cut": cap is not None and (total is None or total > cap),
+            "pg_listed": bool(names),
             # a filter without the flag: not asked for, or an older server's
             "only_active": (filt.get("only_active") is True or (kept is None and total == 0)) if own else None}
 
