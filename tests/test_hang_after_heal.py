@@ -14,7 +14,7 @@ from monitor.detect import Detectors
 from tests.test_monitor_detectors import T0, Job, sweep
 
 
-def healed_group_0(commits: int) -> tuple[Job, Detectors]:
+def healed_group_0(commits: int, heals: int = 1, failures: int = 0) -> tuple[Job, Detectors]:
     """A 3 x 2 job of 0.2 s steps (the demo's hang floor, 1 s) whose group 0 is a new
     incarnation that healed from a peer and has committed ``commits`` steps since (the first
     being the heal's, 1.5 s)."""
@@ -25,7 +25,7 @@ def healed_group_0(commits: int) -> tuple[Job, Detectors]:
         times = [1.5] + [0.2] * (commits - 1)
         job.states[r].update(
             replica_id="replica_group_0:spare", pid=job.states[r]["pid"] + 100,
-            started_at=T0 - 10, heals=1, commits=commits, commit_failures=0,
+            started_at=T0 - 10, heals=heals, commits=commits, commit_failures=failures,
             last_step_seconds=times[-1], recent_step_seconds=times,
             timing={"recent": [], "waiting": None, "last_step": None, "window": None})
     sweep(det, job, T0)
@@ -54,8 +54,11 @@ def test_a_group_that_only_healed_is_held_as_on_its_first_step():
     assert found[0][1].evidence["threshold_s"] == pytest.approx(300.0)
 
 
-def test_a_group_that_trained_a_step_after_its_heal_is_named_at_the_hang_threshold():
-    job, det = healed_group_0(commits=2)
+@pytest.mark.parametrize("commits, heals, failures", [(2, 1, 0), (1, 2, 1)])
+def test_a_group_that_trained_a_step_after_its_heal_is_named_at_the_hang_threshold(
+        commits, heals, failures):
+    """(1, 2, 1): its next step failed its commit and it healed again: warm, not a first step."""
+    job, det = healed_group_0(commits, heals, failures)
     found = unasked_group_0(job, det, [0.5, 1.0, 1.5, 2.0])
     assert [(t, f.kind, f.replica_group, f.ranks) for t, f in found] == [
         (1.0, "hang", 0, [0, 1])]
