@@ -27,9 +27,10 @@ from .urls import http_url
 # refused by waitress with 413 before it is buffered (waitress' own default is 1 GiB).
 MAX_REQUEST_BODY = 64 * 1024
 # waitress copies an answer past this (its default: 1 MiB) to a temp file: a read-only root fails
-# it, and a rank's dump goes to disk inside training. Above a rank's usual answers (a dump of
-# 2x2,000 entries ~2 MB, the 4 MiB probe payload); not above the largest dump: each reader that
-# stops reading keeps its answer in memory (up to the 100 connections waitress takes).
+# it (logged), and a rank's dump goes to disk inside training. Above a rank's usual answers (a
+# dump of 2x2,000 entries ~2 MB, the 4 MiB probe payload); not above the largest dump: each
+# reader that stops reading keeps its answer in memory (up to the 100 connections waitress
+# takes), so a larger dump still spills, and fails without a writable temp dir.
 OUTBUF_OVERFLOW = 8 << 20
 # "Task queue depth is N" under a burst of polls is waitress' own matter, not the job's log
 logging.getLogger("waitress.queue").setLevel(logging.ERROR)
