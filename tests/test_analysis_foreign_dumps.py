@@ -111,7 +111,8 @@ def test_a_dump_filtered_to_other_groups_is_not_read_as_only_active():
 
 def test_a_worker_servers_fetch_says_whether_it_is_only_active():
     # ?onlyactive=true&last=N: the filter says torch dumped it so; without the flag (an older
-    # server) rank 2's dump is read as a whole one whose buffer wrapped: no word on DP ("3")
+    # server) the dumps are read as whole ones: rank 2's as one whose buffer wrapped, no word on
+    # DP ("3"), and stuck rank 3's, with no entry, as a recorder reset: no word at all
     who = SimpleNamespace(identity=SimpleNamespace(rank=0, replica_group=None, group_rank=0, group_world_size=1,
                                                    host="h", job="j"), replica_id=None)
 
@@ -123,7 +124,7 @@ def test_a_worker_servers_fetch_says_whether_it_is_only_active():
     assert hangs(analyze(asked)) == {"2": (5, [3], [2]), "3": (5, [], [0]), "4": (5, [3], [1])}
     plain = {r: fetch(d, last="64") for r, d in only_active(tp_dp_job()).items()}
     assert "only_active" not in plain[3]["filter"]
-    assert hangs(analyze(plain)) == {"2": (5, [3], [2]), "4": (5, [3], [1])}
+    assert hangs(analyze(plain)) == {}
 
 
 def test_torchfts_cross_group_groups_are_not_read_as_only_active():

@@ -109,9 +109,9 @@ class RankTrace:
     kept_pg: str | None = None  # a filtered dump's ``filter.pg``: only that group's entries kept
     cut: bool = False  # a ``?last=`` dump that may have left older entries out
     pg_listed: bool = True  # pg_config lists a group: its recorder was on (off: none listed)
-    # a WorkerServer's dump (it has ``filter``): torch was asked for onlyActive, or, not filtered
-    # by ?pg=, it holds no entry at all (always asked for: its recorder held none, as NCCL's
-    # after torchft's reset at a quorum change); None: a dump without filter, read by its shape
+    # a WorkerServer's dump (it has ``filter``): torch was asked for onlyActive (one with no
+    # entry at all is a recorder reset, unfinished entries too: not onlyActive); None: a dump
+    # without filter, read by its shape
     only_active: bool | None = None
 
     @property
@@ -151,7 +151,7 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
             "cut": cap is not None and (total is None or total > cap),
             "pg_listed": bool(names),
             # a filter without the flag: not asked for, or an older server's
-            "only_active": (filt.get("only_active") is True or (kept is None and total == 0)) if own else None}
+            "only_active": (filt.get("only_active") is True) if own else None}
 
 
 def _count(raw: Any) -> int | None:
