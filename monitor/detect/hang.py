@@ -36,9 +36,10 @@ def _timed(st: Mapping[str, Any], recent: list[float]) -> bool:
     if not (isinstance(st.get("last_step_seconds"), (int, float)) or recent):
         return False
     heals, commits = st.get("heals"), st.get("commits")
-    # only its first step: a warm process that heals again has finished steps of its own
+    # its steps after its heals: the counters do not say whether a failed commit came before
+    # its first heal's or after: held then (a delay), never evicted in its warm-up
     return not (type(heals) is int and type(commits) is int and heals > 0
-                and commits + (st.get("commit_failures") or 0) <= 1)
+                and commits + (st.get("commit_failures") or 0) <= heals)
 
 
 def untimed(gv: GroupView) -> bool:
