@@ -144,7 +144,8 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
     """A group outside the newest quorum still in its own (joining, or healing) holds the others:
     recovery, no stall. Its raw wait in any phase (a synchronous quorum heals inside
     start_quorum), and only one that began with the others' (a group re-asking since long
-    before holds nobody, as does one in its quorum call only since long after: a crash loop); with the Lighthouse's status of that quorum, only a member of it.
+    before holds nobody, as does one in its quorum call only since long after: a crash loop);
+    with the Lighthouse's status of that quorum, only a member of it.
     ``any_phase``: the others' wait in their quorum call counts too (the quorum branch's);
     ``outage_s``: how long the Lighthouse has been gone: a group asking only since then needs
     it as much as the others do, so it holds nobody. Joiners are looked for in ``full`` (every
