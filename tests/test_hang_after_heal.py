@@ -11,6 +11,7 @@ import pytest
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
+from tests.test_hang_first_step import waited_for
 from tests.test_monitor_detectors import T0, Job, sweep
 
 
@@ -34,15 +35,7 @@ def healed_group_0(commits: int, heals: int = 1, failures: int = 0) -> tuple[Job
 
 def unasked_group_0(job: Job, det: Detectors, at: list[float]) -> list:
     """Group 0 in its optimizer step (in no wait); the others wait for the next quorum."""
-    found = []
-    for t in at:
-        for r in range(job.world):
-            if job.group_of(r) == 0:
-                job.wait(r, None, phase="optimizer")
-            else:
-                job.wait(r, "cross", t, phase="quorum")
-        found += [(t, f) for f in sweep(det, job, T0 + t)]
-    return found
+    return waited_for(job, det, at, 0, "optimizer", "quorum")
 
 
 @pytest.mark.parametrize("commits, heals, failures", [(1, 1, 0), (1, 2, 1)])

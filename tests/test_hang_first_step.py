@@ -23,17 +23,24 @@ def first_step_job(in_dumps: bool) -> tuple[Job, Detectors]:
     return job, Detectors(DetectorConfig())
 
 
-def compiling_group_1(job: Job, det: Detectors, at: list[float]) -> list:
-    """Group 1 compiles (in no wait), the others wait across groups from T0 on."""
+def waited_for(job: Job, det: Detectors, at: list[float], group: int, phase: str,
+               others: str) -> list:
+    """``group`` in ``phase`` (in no wait), the others wait across groups in ``others`` from T0
+    on: the (time, finding)s of a sweep at each of ``at``."""
     found = []
     for t in at:
         for r in range(job.world):
-            if job.group_of(r) == 1:
-                job.wait(r, None, phase="forward")
+            if job.group_of(r) == group:
+                job.wait(r, None, phase=phase)
             else:
-                job.wait(r, "cross", t, phase="allreduce")
+                job.wait(r, "cross", t, phase=others)
         found += [(t, f) for f in sweep(det, job, T0 + t)]
     return found
+
+
+def compiling_group_1(job: Job, det: Detectors, at: list[float]) -> list:
+    """Group 1 compiles (in no wait), the others wait in the all_reduce."""
+    return waited_for(job, det, at, 1, "forward", "allreduce")
 
 
 @pytest.mark.parametrize("in_dumps", [False, True], ids=["quorum", "cross_group"])
