@@ -50,8 +50,12 @@ def test_a_group_that_only_healed_is_held_as_on_its_first_step(commits, heals, f
     assert found[0][1].evidence["threshold_s"] == pytest.approx(300.0)
 
 
-def test_a_group_that_trained_a_step_after_its_heal_is_named_at_the_hang_threshold():
-    job, det = healed_group_0(commits=2)
+@pytest.mark.parametrize("commits, heals, failures", [(2, 1, 0), (50, 50, 0), (10, 50, 40)])
+def test_a_group_that_trained_a_step_after_its_heal_is_named_at_the_hang_threshold(
+        commits, heals, failures):
+    """(50, 50, 0): a group late to every quorum, healing back in each step; (10, 50, 40): one
+    whose commit fails after each heal: past its warm-up either way, not held for ever."""
+    job, det = healed_group_0(commits, heals, failures)
     found = unasked_group_0(job, det, [0.5, 1.0, 1.5, 2.0])
     assert [(t, f.kind, f.replica_group, f.ranks) for t, f in found] == [
         (1.0, "hang", 0, [0, 1])]

@@ -37,9 +37,10 @@ def _timed(st: Mapping[str, Any], recent: list[float]) -> bool:
         return False
     heals, commits = st.get("heals"), st.get("commits")
     # its steps after its heals: the counters do not say whether a failed commit came before
-    # its first heal's or after: held then (a delay), never evicted in its warm-up
+    # its first heal's or after: held then (a delay), never evicted in its warm-up; only the
+    # warm-up (a heal, or two around a failed commit): one healing in every step has trained
     return not (type(heals) is int and type(commits) is int and heals > 0
-                and commits + (st.get("commit_failures") or 0) <= heals)
+                and commits + (st.get("commit_failures") or 0) <= min(heals, 2))
 
 
 def untimed(gv: GroupView) -> bool:

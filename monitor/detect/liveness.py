@@ -98,7 +98,8 @@ class Liveness:
                 continue
             # a rank that ended (a planned stop) fails its peers' collectives: those of its
             # incarnation that go down after its stop was read (a pod SIGTERMed later, or
-            # never) end with it; one down before (a crash torchrun then stopped) is dead
+            # never) end with it; one down before (a crash torchrun then stopped) is dead, unless
+            # its group committed more than a step past it since (it lived, unreachable)
             ended = self._ended.setdefault(g, {})
             ids = {r.replica_id for r in (*gv.ranks, *gv.superseded, *left)}
             for k in [k for k in ended if k not in ids]:
@@ -106,7 +107,10 @@ class Liveness:
             for e in gv.ranks:
                 if e.state and e.state.get("finished") is True and e.replica_id is not None \
                         and e.replica_id not in ended:
-                    ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures}
+                    at = e.state.get("step")
+                    at = at if type(at) is int else None
+                    ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures
+                                           and (at is None or at <= self._down_at.get(r.url, at) + 1)}
                     self._note_unheard(gv, e, full)
             if rid is not None:
                 # what was dead of an earlier incarnation is over (one found now, next sweep:
@@ -183,8 +187,10 @@ class Liveness:
     def _note_unheard(self, gv: GroupView, e: RankView, full: ClusterView | None) -> None:
         """A rank of ``e``'s group never verified (its first second under its Manager: read
         without its replica id, or before the Lighthouse heard it) in a group rank no verified
-        rank of ``e``'s incarnation holds, already down when ``e``'s stop was read: it crashed
-        and the launcher stopped ``e`` (torchrun stops a crashed worker's peers)."""
+        rank of ``e``'s incarnation holds, down at most ``--dead-sweeps`` sweeps when ``e``'s
+        stop was read: it crashed and the launcher stopped ``e`` (torchrun stops a crashed
+        worker's peers within seconds; one down longer lived, unreachable, as its group went
+        on)."""
         fg = full.groups.get(gv.replica_group) if full is not None else None
         rid, ws = e.replica_id, e.state.get("group_world_size")
         mine = [r for r in gv.ranks if r.replica_id == rid]
@@ -195,7 +201,8 @@ class Liveness:
         slots: dict[int, list[str]] = {}
         for r in fg.ranks if fg is not None and isinstance(ws, int) else ():
             gr = r.state.get("group_rank") if r.state else None
-            if r.state and not r.reachable and not r.ended and r.failures > e.failures \
+            if r.state and not r.reachable and not r.ended \
+                    and 0 < r.failures - e.failures <= self.cfg.dead_sweeps \
                     and not (r.trust is not None and r.trust.evidence) \
                     and r.replica_id in (None, rid) and r.state.get("group_world_size") == ws \
                     and isinstance(gr, int) and 0 <= gr < ws and gr not in held \
