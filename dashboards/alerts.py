@@ -18,7 +18,9 @@ RECORDS = [
     Record("lightkeeper:replica_group_compute_seconds:relative1m",
            "lightkeeper:replica_group_compute_seconds:max1m\n"
            "  / on (job) group_left\n"
-           "quantile by (job) (0.5, lightkeeper:replica_group_compute_seconds:max1m)"),
+           # a group that computed no step in the minute reads 0/0: NaN sorts first in a
+           # quantile, so it is left out (>= 0) rather than skew the median
+           "quantile by (job) (0.5, lightkeeper:replica_group_compute_seconds:max1m >= 0)"),
     Record("lightkeeper:replica_group_commits:rate1m",
            "max by (job, replica_group) (rate(lightkeeper_commits_total[1m]))"),
     Record("lightkeeper:job_step:max", "max by (job) (lightkeeper_step)"),
@@ -107,6 +109,12 @@ ALERTS = [
                  for g in range(3)]
               + [(f"lightkeeper_step_duration_seconds_sum{{{_worker(g)}}}", s)
                  for g, s in ((0, "0+3x20"), (1, "0+0.1x20"), (2, "0+3x20"))],
+              "4m", [{"job": "train", "replica_group": "1"}]),
+         Case("groups 2 and 3 stalled (0/0 a step), group 1 computes 4x group 0",
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", v)
+               for g, v in ((0, "0+10x20"), (1, "0+10x20"), (2, "50x20"), (3, "50x20"))]
+              + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", v)
+                 for g, v in ((0, "0+1x20"), (1, "0+4x20"), (2, "5x20"), (3, "5x20"))],
               "4m", [{"job": "train", "replica_group": "1"}]),
          Case("all groups compute alike",
               [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
@@ -279,7 +287,9 @@ ALERTS = [
     Alert(
         "LightkeeperEvictionsHeldBack",
         "sum by (job, reason) (\n  "
-        + grown('lightkeeper_monitor_eviction_decisions_total{decision="hold"}', "15m")
+        # already_evicted: the finding still open the sweep after its own kill, every eviction
+        + grown('lightkeeper_monitor_eviction_decisions_total{decision="hold", '
+                'reason!="already_evicted"}', "15m")
         + "\n) > 0", "0m", "info",
         "The monitor of job {{ $labels.job }} held back evictions ({{ $labels.reason }})",
         "The monitor confirmed a finding that warrants eviction but did not evict "
@@ -306,9 +316,11 @@ ALERTS = [
                (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "-7200x10"),
                (f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
                 f'reason="dry_run"}}', "1x10")], "5m", interval="1m"),
-         Case("evictions carried out",
+         Case("evictions carried out, each finding held the sweep after its kill",
               [(f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="evict", '
-                f'reason="straggler"}}', "0 0 1 1 1 1 1")], "5m", interval="1m")]),
+                f'reason="straggler"}}', "0 0 1 1 1 1 1"),
+               (f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
+                f'reason="already_evicted"}}', "0 0 1 1 1 1 1")], "5m", interval="1m")]),
     Alert(
         "LightkeeperRankStuckInCollective",
         "(lightkeeper_phase_duration_seconds\n"
@@ -328,6 +340,40 @@ ALERTS = [
          Case("long phase that is not a collective",
               [(f"lightkeeper_phase_duration_seconds{{{_worker(1)}}}", "0+15x20"),
                (f'lightkeeper_phase{{{_worker(1)}, phase="allreduce"}}', "0x20")], "4m")]),
+    Alert(
+        "LightkeeperReplicaGroupOutOfQuorum",
+        # stuck_starting: out of the quorum for --starting-timeout already; a replaced or gone
+        # group closes it (a normal eviction); every group starting (no quorum) is no page
+        '(max by (job) (lightkeeper_monitor_open_findings{kind="stuck_starting"}) > 0)\n'
+        "and on (job)\n"
+        "(max by (job) (lightkeeper_monitor_replica_group_in_quorum) == 1)", "5m", "warning",
+        "A replica group of job {{ $labels.job }} stays out of the quorum",
+        "The monitor's stuck_starting finding has been open for 5 minutes while other groups "
+        "train: a group has stayed out of the quorum for --starting-timeout (300 s by default) "
+        "and more, hung past the others' process-group timeout (torchft went on without it) or "
+        "never in a first quorum, and nothing ended it (dry run, stuck_starting not in "
+        "--evict-on, a held eviction, no --rank-exit-token). It trains nothing and holds its "
+        "hosts.",
+        "GET /v1/findings on the monitor: the stuck_starting finding's evidence (shape left_out "
+        "or no_first_quorum, each rank's why); follow the group's stacks and Flight Recorder "
+        "links in the drill-down, then end its ranks (POST /v1/evict with --rank-exit-token "
+        "set, or by hand) so the scheduler restarts it and it heals from a peer.",
+        [Case("group 1 left out for 8 minutes, group 0 training",
+              [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}', "0 1x40"),
+               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="0"}}', "1x40"),
+               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="1"}}',
+                "0x40")], "8m", [{"job": "train"}]),
+         Case("group 1 evicted and replaced 2 minutes after its finding",
+              [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}',
+                "0 1x8 0x31"),
+               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="0"}}', "1x40"),
+               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="1"}}',
+                "0x12 1x28")], "8m"),
+         Case("every group still starting (no quorum yet)",
+              [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}', "0 1x40"),
+               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="0"}}', "0x40"),
+               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="1"}}',
+                "0x40")], "8m")]),
     Alert(
         "LightkeeperHostQuarantined",
         'max by (job, host, node) (lightkeeper_monitor_host_quarantine_state{state="quarantined"})'

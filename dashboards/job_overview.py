@@ -19,26 +19,33 @@ from .promql import (
     step_quantile,
 )
 
+# Per group, 1 in the quorum, 0 out: as its ranks say (lightkeeper_participating), unless the
+# monitor sees it out of the newest quorum (a hung rank keeps saying 1, at its old quorum)
+IN_OR_OUT = (f"min by (replica_group) (lightkeeper_participating{{{J}}} "
+             f"or lightkeeper_monitor_replica_group_in_quorum{{{J}}})")
+# a hung group's ranks still say their old quorum's participants
+PARTICIPANTS = (f"max(lightkeeper_quorum_participants{{{J}}} unless on (replica_group) "
+                f"(lightkeeper_monitor_replica_group_in_quorum{{{J}}} == 0))")
+
 
 def job_overview() -> dict:
     L = Layout()
     L.row("Quorum")
     L.add(stat("Replica groups in quorum",
-               "Replica groups whose ranks take part in the current step (lightkeeper_participating).",
-               [target(f"count(max by (replica_group) (lightkeeper_participating{{{J}}}) == 1) "
-                       "or vector(0)", "in quorum")],
+               "Replica groups whose ranks take part in the current step (lightkeeper_participating) "
+               "and that the monitor sees in the newest quorum.",
+               [target(f"count({IN_OR_OUT} == 1) or vector(0)", "in quorum")],
                thresholds_=P.thresholds((None, "red"), (1, "green"))), 4, 4)
     L.add(stat("Replica groups out of quorum",
                "Replica groups that report not participating, or that the monitor knows but that "
                "are not in the Lighthouse's quorum (e.g. a group whose ranks are dead).",
-               [target(f"count(max by (replica_group) (lightkeeper_participating{{{J}}} == 0 or "
-                       f"lightkeeper_monitor_replica_group_in_quorum{{{J}}} == 0)) or vector(0)",
-                       "out of quorum")],
+               [target(f"count({IN_OR_OUT} == 0) or vector(0)", "out of quorum")],
                thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 4)
     L.add(stat("Quorum id", "The current torchft quorum id (highest over ranks).",
                [target(f"max(lightkeeper_quorum_id{{{J}}})", "quorum id")]), 4, 4)
-    L.add(stat("Quorum participants", "Replica groups in the current quorum.",
-               [target(f"max(lightkeeper_quorum_participants{{{J}}})", "participants")]), 4, 4)
+    L.add(stat("Quorum participants", "Replica groups in the current quorum (as the ranks of "
+               "the groups the monitor sees in it say).",
+               [target(PARTICIPANTS, "participants")]), 4, 4)
     L.add(stat("Committed step", "Highest committed step over all ranks.",
                [target(f"max(lightkeeper_step{{{J}}})", "step")], unit="none", decimals=0,
                graph="area"), 4, 4)
@@ -47,16 +54,16 @@ def job_overview() -> dict:
                unit=STEPS_PER_S, decimals=2, graph="area"), 4, 4)
     L.add(P.state_timeline(
         "Replica groups in and out of the quorum",
-        "Per replica group: green while its ranks take part in the step, red while they sit out.",
-        [target(f"max by (replica_group) (lightkeeper_participating{{{J}}})",
-                "group {{replica_group}}")],
+        "Per replica group: green while its ranks take part in the step, red while they sit out "
+        "or the monitor sees the group out of the newest quorum.",
+        [target(IN_OR_OUT, "group {{replica_group}}")],
         mappings=IN_QUORUM, thresholds_=P.thresholds((None, "red"), (1, "green"))), 12, 7)
     L.add(timeseries(
         "Quorum id and participants over time",
         "Each quorum change (new quorum id) rebuilds torchft's process group; participants is "
         "the number of replica groups in it.",
         targets((f"max(lightkeeper_quorum_id{{{J}}})", "quorum id"),
-                (f"max(lightkeeper_quorum_participants{{{J}}})", "participants")),
+                (PARTICIPANTS, "participants")),
         interpolation="stepAfter", fill=0), 12, 7)
 
     L.row("Goodput (monitor)")
@@ -97,8 +104,9 @@ def job_overview() -> dict:
         "collectives) over the median of all groups: the group the others wait for stands out, "
         "while every group's step time stretches alike. Above the dashed line for 2 minutes the "
         "group is a straggler (LightkeeperReplicaGroupStraggling).",
+        # a stalled group's 0/0 (NaN) sorts first in a quantile: left out of the median
         [target(f"{GROUP_COMPUTE} / on (job) group_left quantile by (job) "
-                f"(0.5, {GROUP_COMPUTE})", "group {{replica_group}}")],
+                f"(0.5, {GROUP_COMPUTE} >= 0)", "group {{replica_group}}")],
         min_=0, thresholds_=P.thresholds((None, "green"), (1.5, "red")),
         threshold_style="dashed"), 12, 8)
     L.add(timeseries("Loss per replica group", "Training loss of the last step (mean over ranks).",
@@ -195,6 +203,7 @@ def _goodput_panels(L: Layout) -> None:
         unit="percentunit", min_=0, max_=1), 8, 8)
 
 
+BACK_TO_OK = "back to ok"
 HOST_STATE = P.value_mappings({"suspect": ("suspect", "orange"),
                                 "quarantined": ("quarantined", "red"),
                                 "released": ("released", "blue")})
@@ -225,7 +234,6 @@ def _host_panels(L: Layout) -> None:
     Every panel counts hosts, each once over all the job's monitors: a host may be in several
     ledgers (shards whose groups share it; a standby keeps its own, acting as the holder does),
     so per-monitor counts would add it twice, or miss it where a standby holds it."""
-    hosts = f"lightkeeper_monitor_hosts{{{J}}}"
     ok = f'lightkeeper_monitor_hosts{{{J}, state="ok"}}'
     failed = f"lightkeeper_monitor_host_action_failed{{{J}}}"
     L.add(stat("Quarantined hosts",
@@ -245,18 +253,22 @@ def _host_panels(L: Layout) -> None:
     L.add(timeseries(
         "Hosts by state",
         "Hosts in the monitor's ledger by state: suspect (offences counting, not yet "
-        "quarantined, or held back by a rail), quarantined, released, ok (offended once, "
-        "nothing counting now; an ok host has no series of its own, so ok adds up the "
-        "monitors' counts, a standby's left out). A host that monitors' ledgers hold in "
-        "different states counts once, in the most severe (quarantined, suspect, released). "
-        "Only hosts that ever offended are in a ledger.",
-        # a state no host is in reads 0, not "no data"
+        "quarantined, or held back by a rail), quarantined, released, back to ok (offended "
+        "before, nothing counting now, still in the ledger; such a host has no series of its "
+        "own, so the line adds up the monitors' counts, a standby's left out). A host that "
+        "monitors' ledgers hold in different states counts once, in the most severe "
+        "(quarantined, suspect, released). Only hosts that ever offended are in a ledger: a "
+        "healthy host counts in no line.",
+        # a state no host is in reads 0, not "no data"; a ledger's "ok" hosts are only those
+        # that offended before, not every healthy host: named so
         [target(f"count by (state) ({_severest('host, state')}) "
-                f"or {active_sum(ok, 'state')} "
-                f"or 0 * max by (state) ({hosts})", "{{state}}")],
+                f'or label_replace({active_sum(ok, "state")}, "state", "{BACK_TO_OK}", '
+                f'"state", "ok") '
+                f'or 0 * max by (state) (lightkeeper_monitor_hosts{{{J}, state!="ok"}})',
+                "{{state}}")],
         interpolation="stepAfter", fill=0, min_=0,
         overrides=[_fixed_color("quarantined", "red"), _fixed_color("suspect", "orange"),
-                   _fixed_color("released", "blue"), _fixed_color("ok", "green")]), 8, 8)
+                   _fixed_color("released", "blue"), _fixed_color(BACK_TO_OK, "green")]), 8, 8)
     L.add(timeseries(
         "Failing host actions by sink",
         "Hosts whose last action failed or is being retried (retries back off 2 s, 4 s, 8 s "

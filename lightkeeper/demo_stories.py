@@ -63,6 +63,9 @@ class Stories:
         # --ledger-wait, 30 s).
         self.status = "waiting for the monitor's ledger to see the job back at pace"
         self.wait(self.ledger_settled, self.sc.ledger_wait_s)
+        # --keep-running ticks on with this status line: not a wait that never ends
+        self.status = "scenario over" + (", kept running (Ctrl-C stops it)"
+                                         if getattr(self.args, "keep_running", False) else "")
 
     def soak_turn(self) -> bool:
         """Between two of a soak's faults: False once its time is up; the monitor restarted

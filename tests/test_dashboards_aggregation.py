@@ -187,7 +187,7 @@ def test_every_host_panel_counts_a_host_once_whatever_the_ledgers_that_hold_it(t
                 ("panel 'Hosts with a failing action' A", _one(1)),
                 ("panel 'Hosts by state' A", [
                     {"labels": f'{{state="{s}"}}', "value": int(s == "quarantined")}
-                    for s in ("ok", "quarantined", "released", "suspect")]),
+                    for s in ("back to ok", "quarantined", "released", "suspect")]),
                 ("panel 'Failing host actions by sink' A", _one(1, sink="k8s")),
                 ("panel 'Hosts not ok' A", _one(1, **j, host="h1", node="h1",
                                                 state="quarantined")),

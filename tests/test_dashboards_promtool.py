@@ -248,7 +248,7 @@ def test_host_and_lighthouse_panels_and_alerts_on_the_monitors_own_series(tmp_pa
         (_query("Quarantined hosts"), samples([({}, 1)])),
         (_query("Hosts with a failing action"), samples([({}, 1)])),
         (_query("Hosts by state"), samples([({"state": s}, n) for s, n in (
-            ("ok", 0), ("quarantined", 1), ("released", 0), ("suspect", 1))])),
+            ("back to ok", 0), ("quarantined", 1), ("released", 0), ("suspect", 1))])),
         (_query("Failing host actions by sink"), samples([({"sink": "exec:false"}, 1)])),
         (_query("Hosts not ok", "A"), samples([
             ({**j, "host": "h1", "node": "node-h1", "state": "quarantined"}, 1),
