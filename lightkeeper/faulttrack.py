@@ -10,7 +10,8 @@ restarts) and the track moves through its stages, each with a deadline:
    step the group still had to go to the fault's step when it was armed. A group restarted (or
    finished) before the fault struck takes the fault with it: "never struck".
 2. **detection**: a confirmed finding for the fault's replica group, confirmed no earlier than
-   1 s before the strike (``dead`` counts only once the group's process is gone, as for a crash).
+   1 s before the strike (``dead`` counts only once the group's process is gone, as for a crash,
+   except for ``host_offline``, whose processes live on).
    Deadline: ``detect_s`` after the strike.
 3. **eviction**: the monitor's ``evict`` decision for that finding (or group). A ``dry_run``
    hold ends the story there; other holds (cooldown, min_replicas) are waited out until
@@ -242,7 +243,9 @@ class FaultTrack:
                  and f.get("confirmed_at") and f["confirmed_at"] >= since_unix - FINDING_SLACK_S]
         gone = (not obs.alive.get(self.group, False)
                 or obs.incarnation.get(self.group, 0) != self.incarnation)
-        found = [f for f in found if f["kind"] != "dead" or gone]
+        # a host gone off the network is caught as dead while its processes live on (under
+        # --dry-run nothing kills them)
+        found = [f for f in found if f["kind"] != "dead" or gone or self.kind == "host_offline"]
         found.sort(key=lambda f: (f["kind"] == "dead", f["confirmed_at"]))
         return found[0] if found else None
 
@@ -299,10 +302,16 @@ class FaultTrack:
         holds = self._decisions(obs, "hold")
         if holds:
             self.held = holds[-1].get("reason")
-            if self.held == "dry_run":
-                self._end("detected, not evicted (dry run)", "the monitor held the eviction: "
-                                                              "--dry-run", events)
-                return
+        elif r["detected_kind"] == "dead" and any(
+                d.get("status") == "dry_run" and d.get("replica_group") == self.group
+                and d.get("at", 0) >= self._since_unix - FINDING_SLACK_S for d in obs.evictions):
+            # dead is reported, never decided: the dry run shows in the monitor's other
+            # decisions on the group (the survivors' abort it did not send)
+            self.held = "dry_run"
+        if self.held == "dry_run":
+            self._end("detected, not evicted (dry run)", "the monitor held the eviction: "
+                                                          "--dry-run", events)
+            return
         if obs.incarnation.get(self.group, 0) != self.incarnation:
             # the process died (a crash, or a dead rank) and the supervisor restarted it
             self._next("rejoin", obs.t, self.dl.rejoin_s)

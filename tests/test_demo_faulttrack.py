@@ -172,6 +172,21 @@ def test_a_crash_is_caught_as_dead_once_the_process_is_gone():
     assert tr.stage == "rejoin"  # restarted without an eviction
 
 
+def test_a_host_offline_under_dry_run_is_caught_as_dead_while_its_processes_live():
+    """--dry-run: nothing kills the group on the host gone dark; the monitor's dead finding
+    names it, and its dry run shows in the survivors' abort it did not send."""
+    spec = "host_offline:at_step=20"
+    tr = track(spec=spec, kind="host_offline", group_rank=None)
+    strike = Strike(1, 0, 0, 2, "node-1", spec, T0 + 25.0)
+    abort = {"id": 4, "replica_group": 1, "decision": "abort", "reason": "peer_gone",
+             "status": "dry_run", "at": T0 + 26.0, "finding_id": None}
+    dead = dict(FINDING, kind="dead", confirmed_at=T0 + 28.0,
+                evidence={"culprit_ranks": [2, 3], "culprit_hosts": ["node-1"]})
+    tr.update(obs(29.0, strikes=[strike], findings=[dead], evictions=[abort]))
+    assert tr.done and tr.record["outcome"] == "detected, not evicted (dry run)", tr.record
+    assert tr.record["detected_kind"] == "dead" and tr.record["culprit_hosts"] == ["node-1"]
+
+
 def test_describe_says_where_the_story_stands():
     tr = track()
     assert tr.describe() == f"{SPEC} in group 1 rank 1: waiting for strike (until 60s)"
