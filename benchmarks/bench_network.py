@@ -132,6 +132,12 @@ def run_case(case: str, mode: str, at: int, duration: float, workdir: Path) -> d
                                               "onset_s")}
     if cost.get("onset_s") is not None and onset is not None:
         out["ledger"]["onset_after_s"] = round(cost["onset_s"] - onset, 2)
+    # a report is written also when the demo fails; a fault that never struck measured nothing
+    if proc.returncode != 0:
+        out["error"] = f"the demo failed (status {proc.returncode}): {proc.stderr[-500:]}"
+    elif CASES[case] and onset is None:
+        out["error"] = "the fault never struck: " + "; ".join(
+            f"{f.get('outcome')} ({f.get('note')})" for f in faults)
     return out
 
 

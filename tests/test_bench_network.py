@@ -67,3 +67,31 @@ def test_torchft_alone_trains_to_the_end_of_its_duration(bench, monkeypatch, tmp
     alone, acting = (demo_args(*cmd[2:]) for cmd in ran)
     assert alone.dry_run and alone.duration == alone.end_s == 45.0
     assert not acting.dry_run and acting.end_s == Scenario.end_s
+
+
+@pytest.mark.parametrize("rc,struck_at_s,error", [
+    (1, 30.0, "the demo failed (status 1): lightkeeper demo: something failed"),
+    (0, None, "the fault never struck: never struck (no strike reported by 60.0s)"),
+    (0, 30.0, None)])
+def test_a_demo_that_failed_or_a_fault_that_never_struck_is_no_measurement(
+        bench, monkeypatch, tmp_path, rc, struck_at_s, error):
+    # the demo writes its report also when it fails (status 1), and a fault that never struck
+    # leaves every figure null
+    def run(cmd, **kw):
+        rd = Path(cmd[cmd.index("--report-dir") + 1])
+        rd.mkdir(parents=True)
+        (rd / "report.json").write_text(json.dumps({
+            "training_started_at_s": 5.0, "detections": [], "evictions": [], "hosts": {},
+            "faults": [{"spec": "partition:at_step=60", "struck_at_s": struck_at_s,
+                        "outcome": "recovered" if struck_at_s else "never struck",
+                        "note": None if struck_at_s else "no strike reported by 60.0s"}]}))
+        (rd / "timeline.json").write_text(json.dumps(
+            {"samples": [{"t": 5 + i * 0.5, "step": i} for i in range(80)]}))
+        return subprocess.CompletedProcess(cmd, rc, "", "lightkeeper demo: something failed")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    monkeypatch.setattr(sys, "argv", ["bench_network.py", "--cases", "partition",
+                                      "--modes", "lightkeeper", "--keep", str(tmp_path)])
+    assert bench.main() == (1 if error else 0)
+    row = bench.run_case("partition", "lightkeeper", 60, 45.0, tmp_path / "again")
+    assert row.get("error") == error
