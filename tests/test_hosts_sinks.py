@@ -288,22 +288,41 @@ def test_a_webhook_answer_dribbled_out_is_cut_at_the_timeout():
         server.server_close()
 
 
-def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
-    log = tmp_path / "argv"
-    fake = tmp_path / "scontrol"  # a stand-in: records its argv, one line per argument
-    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do echo "$a"; done >> {log}\necho --- >> {log}\n'
-                    'case "$*" in *bad-node*) echo "Invalid node name specified" >&2; exit 1;; '
-                    'esac\n')
+def _fake_scontrol(d, state: str, reason: str = ""):
+    """A stand-in ``scontrol`` on PATH keeping node-1's state as Slurm would (``show node``
+    prints it, ``update`` changes it); returns the calls made, each its argv."""
+    (d / "state").write_text(state)
+    (d / "reason").write_text(reason)
+    log = d / "argv"
+    fake = d / "scontrol"
+    fake.write_text(f'''#!/bin/sh
+D={d}
+for a in "$@"; do echo "$a"; done >> {log}; echo --- >> {log}
+case "$*" in *bad-node*) echo "Invalid node name specified" >&2; exit 1;; esac
+if [ "$1" = show ]; then
+  printf 'NodeName=node-1 Arch=x86_64\\n   State=%s ThreadsPerCore=1\\n   Reason=%s\\n' \\
+    "$(cat $D/state)" "$(cat $D/reason)"
+fi
+case "$3" in
+  State=DRAIN) echo "$(cat $D/state)+DRAIN" > $D/state; printf %s "${{4#Reason=}}" > $D/reason;;
+  State=UNDRAIN) echo IDLE > $D/state; : > $D/reason;;
+esac
+''')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return lambda: [c.strip().splitlines() for c in log.read_text().split("---") if c.strip()]
+
+
+def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
+    calls = _fake_scontrol(tmp_path, "IDLE")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     sink = SlurmSink()
     assert sink.quarantine(EVENT).ok
     assert sink.release(EVENT).ok
-    calls = [c.strip().splitlines() for c in log.read_text().split("---") if c.strip()]
-    calls = [c for c in calls if c[0] != "show"]  # each update asks the node's drain first
-    assert calls == [["update", "NodeName=node-1", "State=DRAIN",
-                      "Reason=lightkeeper(j): dead_rank finding 7 replica_group 2"],
-                     ["update", "NodeName=node-1", "State=UNDRAIN"]]
+    # each update asks the node's drain first and reads it again after
+    assert [c for c in calls() if c[0] != "show"] == [
+        ["update", "NodeName=node-1", "State=DRAIN",
+         "Reason=lightkeeper(j): dead_rank finding 7 replica_group 2"],
+        ["update", "NodeName=node-1", "State=UNDRAIN"]]
     res = sink.quarantine({**EVENT, "node": "bad-node"})
     assert not res.ok and "Invalid node name" in res.detail
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
@@ -326,15 +345,10 @@ def test_slurm_drains_a_node_slurm_marked_down_but_not_an_operators(tmp_path, mo
     """A stand-in scontrol answering ``show node`` as Slurm does: a node DOWN because slurmd
     stopped answering is drained (it stays out when it answers again); one an operator set
     DOWN or FAIL is left, its reason kept; a cloud node asleep (POWERED_DOWN) is no DOWN."""
-    log = tmp_path / "argv"
-    fake = tmp_path / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
-                    'if [ "$1" = show ]; then printf "NodeName=node-1 Arch=x86_64\\n'
-                    f'   State={state} ThreadsPerCore=1\\n   Reason={reason}\\n"; fi\n')
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    calls = _fake_scontrol(tmp_path, state, reason)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     res = SlurmSink().quarantine(EVENT)
-    updates = [c for c in log.read_text().splitlines() if c.startswith("update")]
+    updates = [c for c in calls() if c[0] == "update"]
     assert res.ok and bool(updates) == drained, (res.detail, updates)
     if not drained:
         assert "by someone else" in res.detail and reason.split(" [")[0] in res.detail

@@ -99,8 +99,8 @@ def test_a_node_state_not_read_sends_no_update(slurm, ctld, node, held):
         assert slurm.updates() == [] and slurm.node() == held
     else:
         assert slurm.updates() == [
-            "update NodeName=n1 State=DRAIN Reason=lightkeeper(jobB): hang finding 3 "
-            "replica_group 1" if held[1] else "update NodeName=n1 State=UNDRAIN"]
+            "update NodeName=n1 State=DRAIN Reason=lightkeeper(jobB): still quarantined by jobB"
+            if held[1] else "update NodeName=n1 State=UNDRAIN"]
 
 
 def test_a_node_state_slurm_will_never_show_fails_for_good(slurm):
@@ -137,14 +137,14 @@ def test_two_jobs_whose_names_fold_alike_keep_two_entries(slurm):
     assert slurm.node() == ("IDLE+DRAIN",
                             f"lightkeeper(team_a,{slash}): hang finding 3 replica_group 1")
     assert sink.release({**EVENT, "job": "team/a"}).ok
-    assert slurm.node() == ("IDLE+DRAIN", "lightkeeper(team_a): hang finding 3 replica_group 1")
+    assert slurm.node() == ("IDLE+DRAIN", "lightkeeper(team_a): still quarantined by team_a")
     assert sink.release({**EVENT, "job": "team_a"}).ok
     assert slurm.node() == ("IDLE", "")
     # in the other order too
     for job in ("team_a", "team/a"):
         assert sink.quarantine({**EVENT, "job": job}).ok
     assert sink.release({**EVENT, "job": "team_a"}).ok
-    assert slurm.node() == ("IDLE+DRAIN", f"lightkeeper({slash}): hang finding 3 replica_group 1")
+    assert slurm.node() == ("IDLE+DRAIN", f"lightkeeper({slash}): still quarantined by {slash}")
     assert sink.release({**EVENT, "job": "team/a"}).ok
     assert slurm.node() == ("IDLE", "")
 
@@ -159,8 +159,8 @@ def test_a_drain_by_the_older_fold_is_still_released(slurm):
     assert slurm.node() == ("IDLE", "")
     slurm.set("IDLE+DRAIN", "lightkeeper(jobB,team_a): hang finding 3 replica_group 1")
     assert sink.release({**EVENT, "job": "team/a"}).ok
-    assert slurm.node() == ("IDLE+DRAIN", "lightkeeper(jobB): hang finding 3 replica_group 1")
+    assert slurm.node() == ("IDLE+DRAIN", "lightkeeper(jobB): still quarantined by jobB")
     slash = f"team_a-{_hashed('team/a')}"
     slurm.set("IDLE+DRAIN", f"lightkeeper(team_a,{slash}): hang finding 3 replica_group 1")
     assert sink.release({**EVENT, "job": "team/a"}).ok
-    assert slurm.node() == ("IDLE+DRAIN", "lightkeeper(team_a): hang finding 3 replica_group 1")
+    assert slurm.node() == ("IDLE+DRAIN", "lightkeeper(team_a): still quarantined by team_a")

@@ -156,6 +156,10 @@ class SlurmSink:
         found = self._find(node)
         if isinstance(found, ActionResult):
             return found
+        if found is None:  # known by neither name
+            if what is None:  # nothing drained there, as for k8s's release of a deleted node
+                return ActionResult(True, f"node {node} unknown to Slurm, nothing to release")
+            found = node, None, None  # the update says why: Invalid node name
         node, held, reason = found
         m = DRAINED_BY.fullmatch(reason or "")
         if held is not None and (held == "failed" or m is None):
@@ -165,26 +169,40 @@ class SlurmSink:
                                       f"{reason or '(no reason given)'}")
         raw = str(event.get("job") or "")
         job, folded = slurm_job(raw), _fold(raw)
-        jobs = set(filter(None, (m[1] or "").split(","))) if m else set()
-        if what is None:  # another job's quarantine of the node stays
+        jobs = _jobs(m)
+        quarantine = what is not None
+        if quarantine:
+            mine = job
+            jobs.add(job)
+        else:  # another job's quarantine of the node stays, named without this job's finding
             # an older version wrote the fold alone (``team_a`` for ``team/a``): that entry is
             # this job's only while its own is absent (with it, the fold is job team_a's)
-            jobs.discard(job if job in jobs else folded)
-            what = m[2] if m and jobs else None
-        else:
-            jobs.add(job)
+            mine = job if job in jobs else folded
+            jobs.discard(mine)
+            what = f"still quarantined by {','.join(sorted(jobs))}" if jobs else None
         args = ["State=UNDRAIN"] if what is None else \
             ["State=DRAIN", f"Reason=lightkeeper({','.join(sorted(jobs))}): {what}"]
         argv = [SCONTROL, "update", f"NodeName={node}", *args]
         res, err = run_command(argv, " ".join(argv), self.timeout_s)
         res.retry = res.retry and not _for_good(err)
+        if not res.ok:
+            return res
+        # show then update is no transaction: another job's monitor may have written its own
+        # list meanwhile, dropping this job or keeping it; the retry merges again
+        after = self._find(node)
+        if isinstance(after, ActionResult):
+            return after
+        now = after[2] if after else None
+        if (mine in _jobs(DRAINED_BY.fullmatch(now or ""))) != quarantine:
+            return ActionResult(False, f"node {node} changed meanwhile, its reason now: "
+                                       f"{now or '(none)'}")
         return res
 
-    def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult:
+    def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult | None:
         """(Slurm's name of ``node``, possibly its FQDN's first label; how it is held:
-        ``failed``/``drained``/``down``/None; the reason it is held with), or the failed
-        attempt when the state cannot be read: an update on an unread state could lift or
-        overwrite someone else's drain."""
+        ``failed``/``drained``/``down``/None; the reason it is held with), None for a node
+        Slurm knows by neither name, or the failed attempt when the state cannot be read: an
+        update on an unread state could lift or overwrite someone else's drain."""
         for name in dict.fromkeys((node, node.split(".")[0])):
             argv = [SCONTROL, "show", "node", name]
             try:
@@ -219,7 +237,12 @@ class SlurmSink:
                     "drained" if any(f.startswith("DRAIN") for f in flags) else
                     "down" if down else None)
             return name, held, reason if held else None
-        return node, None, None
+        return None
+
+
+def _jobs(m: re.Match | None) -> set[str]:
+    """The jobs a drain's reason (matched by DRAINED_BY) lists."""
+    return set(filter(None, (m[1] or "").split(","))) if m else set()
 
 
 def _for_good(err: str) -> bool:

@@ -1,0 +1,94 @@
+"""The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
+fixture: nodes ``n1``, ``n2``; root only): the release of a node Slurm does not know, and two
+jobs' monitors writing one node's drain at the same time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+from monitor.act.sinks.hooks import SlurmSink
+from tests import test_hosts_sinks
+
+slurm = test_hosts_sinks.slurm
+EVENT = test_hosts_sinks.EVENT
+
+
+def node(name: str) -> tuple[bool, str]:
+    out = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True,
+                         check=True).stdout
+    return ("DRAIN" in out.split("State=")[1].split()[0],
+            out.split("Reason=")[1].splitlines()[0].rsplit(" [", 1)[0] if "Reason=" in out
+            else "")
+
+
+def test_a_release_of_a_node_slurm_does_not_know_is_done(slurm, monkeypatch):
+    """A rank claimed a node Slurm knows by neither name: its quarantine fails for good, and
+    the release has nothing to undo: done (as the k8s sink's release of a deleted node), so
+    the host's failed action can be cleared."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    for name in ("n9", "n9.cluster.local"):
+        bad = sink.quarantine({**EVENT, "node": name})
+        assert not bad.ok and not bad.retry and "Invalid node name" in bad.detail
+        res = sink.release({**EVENT, "event": "release", "node": name})
+        assert res.ok and res.detail == f"node {name} unknown to Slurm, nothing to release", \
+            res.detail
+    assert node("n1") == node("n2") == (False, "")
+
+
+def test_two_jobs_quarantining_one_node_at_once_both_keep_their_quarantine(
+        slurm, monkeypatch, tmp_path):
+    """Jobs a and b read n1 undrained, then both write their drain: the second write drops
+    the first job's entry. The job whose entry is gone sees it when it reads the node again:
+    its attempt fails, retried, and the retry lists both; b's release then leaves a's drain."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    real = shutil.which("scontrol")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    # the real scontrol, whose updates wait for each other (both read the node before either
+    # writes) and answer once both are written (neither reads the node in between)
+    wrapper = tmp_path / "bin" / "scontrol"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'''#!/bin/sh
+G={gate}
+both() {{ n=0; until [ "$(ls $G | grep -c "^$1")" -ge 2 ]; do
+  n=$((n+1)); [ $n -gt 500 ] && exit 9; sleep 0.02; done; }}
+if [ "$1" = update ] && [ -e $G/on ]; then
+  touch $G/in.$$; both in
+  {real} "$@"; rc=$?
+  touch $G/out.$$; both out
+  exit $rc
+fi
+exec {real} "$@"
+''')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    (gate / "on").touch()
+    sink = SlurmSink()
+    ev = {j: {**EVENT, "node": "n1", "job": j, "finding": {"id": i, "replica_group": i}}
+          for i, j in enumerate(("a", "b"))}
+    res = {}
+    threads = [threading.Thread(target=lambda j=j: res.__setitem__(j, sink.quarantine(ev[j])))
+               for j in ev]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (gate / "on").unlink()
+    lost = [j for j, r in res.items() if not r.ok]
+    assert len(lost) == 1, {j: r.detail for j, r in res.items()}
+    r = res[lost[0]]
+    assert r.retry and r.detail.startswith("node n1 changed meanwhile"), r.detail
+    again = sink.quarantine(ev[lost[0]])  # the action thread's retry
+    assert again.ok, again.detail
+    drained, reason = node("n1")
+    assert drained and reason.startswith("lightkeeper(a,b): "), reason
+    assert sink.release({**ev["b"], "event": "release"}).ok
+    assert node("n1") == (True, "lightkeeper(a): still quarantined by a")
+    assert sink.release({**ev["a"], "event": "release"}).ok
+    assert node("n1") == (False, "")
