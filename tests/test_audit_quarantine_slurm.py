@@ -159,3 +159,66 @@ def test_a_rank_claiming_node_all_drains_no_node(job, tmp_path):
     finally:
         mon.stop()
 
+
+
+def test_a_release_after_a_restart_under_another_job_undrains_the_node(job, tmp_path):
+    """The monitor restarted on the same ``--state`` with another ``--job`` (the flag forgotten,
+    the job renamed): the release names the job whose monitor drained the node, so the node is
+    undrained, not re-drained for that job while the release says done."""
+    state = str(tmp_path / "state.sqlite")
+    mon = monitor(job, state)
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 10, what="two sweeps")
+        kill_rank_of_group_1(job)
+        wait_until(lambda: last_action(mon, "h1").get("status") == "done", 30,
+                   what="h1's drain carried out")
+        assert node("n2")[0] and node("n2")[1].startswith("lightkeeper(sim): dead_rank")
+    finally:
+        mon.stop()
+    again = monitor(job, state, "--job", "renamed")
+    try:
+        h1 = next(h for h in hosts(again)["hosts"] if h["host"] == "h1")
+        assert (h1["state"], h1["job"]) == ("quarantined", "sim")
+        r = requests.post(again.url + "/v1/hosts/h1/release", json={"reason": "fixed"},
+                          headers=AUTH, timeout=5)
+        assert r.status_code == 200, r.text
+        wait_until(lambda: last_action(again, "h1").get("op") == "release"
+                   and last_action(again, "h1").get("status") == "done", 20,
+                   what="h1's release carried out")
+        assert node("n2") == (False, "")
+    finally:
+        again.stop()
+
+
+def test_a_node_slurm_does_not_know_is_released_and_alerts_no_more(job, tmp_path):
+    """Ranks claim node ``n9``, which Slurm does not know: the drain fails for good and the
+    failed action is on /metrics. The release has nothing to undo: done, saying so, and the
+    alert clears."""
+    for r in job.sim.group(1):
+        r.update(node="n9")
+    mon = monitor(job, str(tmp_path / "state.sqlite"))
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 10, what="two sweeps")
+        kill_rank_of_group_1(job)
+        wait_until(lambda: last_action(mon, "h1").get("status") == "failed", 30,
+                   what="h1's drain refused")
+        assert "Invalid node name" in last_action(mon, "h1")["detail"]
+        failed = 'lightkeeper_monitor_host_action_failed{host="h1",job="sim",sink="slurm"} 1.0'
+        wait_until(lambda: failed in requests.get(mon.url + "/metrics", timeout=5).text, 10,
+                   what="the failed action on /metrics")
+        r = requests.post(mon.url + "/v1/hosts/h1/release", json={"reason": "not ours"},
+                          headers=AUTH, timeout=5)
+        assert r.status_code == 200, r.text
+        wait_until(lambda: last_action(mon, "h1").get("op") == "release"
+                   and last_action(mon, "h1").get("status") in ("done", "failed"), 20,
+                   what="h1's release judged")
+        a = last_action(mon, "h1")
+        assert (a["status"], a["detail"]) == ("done", "node n9 unknown to Slurm, nothing to "
+                                              "release"), a
+        sweeps = mon.sweeps
+        wait_until(lambda: mon.sweeps >= sweeps + 2, 10, what="two sweeps after the release")
+        assert "lightkeeper_monitor_host_action_failed{" not in requests.get(
+            mon.url + "/metrics", timeout=5).text
+        assert node("n1") == node("n2") == (False, "")
+    finally:
+        mon.stop()

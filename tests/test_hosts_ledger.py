@@ -16,7 +16,10 @@ from monitor.act.sinks import ActionResult
 from monitor.api.metrics import MonitorMetrics
 from monitor.config import QuarantineConfig
 from monitor.store import Store
+from tests import test_hosts_sinks
 from tests.test_hosts import Clock, RecordingSink, finding, ledger
+
+kube = test_hosts_sinks.kube  # the fake API server
 
 
 class Scripted:
@@ -455,3 +458,49 @@ def test_a_release_after_a_superseded_quarantine_that_was_tried_reaches_the_sink
     assert {a["id"]: (a["status"], a["attempts"]) for a in store.host_actions()} == {
         ids[0]: ("superseded", 1), ids[1]: ("superseded", 0), ids[2]: ("superseded", 0),
         ids[3]: ("done", 1)}
+
+
+def test_a_release_names_the_job_that_quarantined_the_host(tmp_path):
+    """Restarted on the same --state under another --job, the monitor releases under the job
+    that quarantined the host: its drain and its taint are named for that job. A host saved
+    before the ledger kept that job is released under the running monitor's."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    first = HostLedger(store, QuarantineConfig(max_quarantined=4), [RecordingSink()], "alpha",
+                       clock)
+    first.record([finding("hang", "h1", 1), finding("hang", "h2", 2)], clock())
+    first.decide(clock(), None, 40)
+    first.run_actions(clock())
+    old = store.load_hosts()["h2"]
+    del old["job"]  # as an older version saved it
+    store.save_host("h2", old, clock())
+    sink = RecordingSink()
+    again = HostLedger(store, QuarantineConfig(max_quarantined=4), [sink], "beta", clock)
+    assert by_host(again, clock())["h1"]["job"] == "alpha"
+    for h in ("h1", "h2"):
+        again.release(h, "fixed")
+    again.run_actions(clock())
+    assert sorted((e["event"], e["host"], e["job"]) for e in sink.calls) == [
+        ("release", "h1", "alpha"), ("release", "h2", "beta")]
+
+
+def test_a_k8s_release_after_a_restart_under_another_job_lifts_the_taint(tmp_path, kube):
+    """The same with the k8s sink against the fake API server: job j's taint and cordon are
+    lifted by the release of a monitor now running as job ``renamed``."""
+    api, rx, sink = kube
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    f = finding("hang", "h1", 1)
+    f["evidence"]["culprits"][0]["node"] = "node-1"
+    first = HostLedger(store, QuarantineConfig(), [sink], "j", clock)
+    first.record([f], clock())
+    first.decide(clock(), None, 10)
+    first.run_actions(clock())
+    keys = [t["key"] for t in api.node["spec"]["taints"]]
+    assert "lightkeeper.io/quarantined-j" in keys and api.node["spec"]["unschedulable"]
+    again = HostLedger(store, QuarantineConfig(), [sink], "renamed", clock)
+    again.release("h1", "fixed")
+    again.run_actions(clock())
+    assert by_host(again, clock())["h1"]["last_action"]["status"] == "done"
+    assert [t["key"] for t in api.node["spec"]["taints"]] == ["other"]
+    assert api.node["spec"]["unschedulable"] is False

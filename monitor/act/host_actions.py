@@ -138,10 +138,12 @@ class HostActions:
 
     def _queue(self, h: dict[str, Any], op: str, kind: str, reason: str,
                finding: dict | None, now: float) -> None:
+        # a release names the job that quarantined the host (its drain, its taint), not this
+        # run's --job; a host saved before ``job`` was kept: this run's
         for sink in self.sinks:
             event = {"event": op, "host": h["host"], "node": h.get("node") or h["host"],
                      "devices": list(h.get("devices", [])), "kind": kind, "reason": reason,
-                     "finding": finding, "job": self.job, "at": now,
+                     "finding": finding, "job": h.get("job") or self.job, "at": now,
                      "expires_at": h.get("expires_at") if op == "quarantine" else None}
             aid = self.store.add_host_action(host=h["host"], sink=sink.name, op=op,
                                              status="pending", event=event, at=now, next_at=now)

@@ -322,7 +322,7 @@ class HostLedger(HostActions):
                    "replica_id": last.get("replica_id"), "ranks": last.get("ranks")}
         with self._kept_unless_written(h), self.store.atomic():  # never without its actions
             h.pop("hold", None)
-            h.update(kind=kind, reason=summary, quarantined_at=now,
+            h.update(kind=kind, reason=summary, quarantined_at=now, job=self.job,
                      expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
                      present_replica_ids=sorted({str(o.get("replica_id")) for o in
                                                  evidence["offences"] if o.get("replica_id")}
