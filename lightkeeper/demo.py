@@ -355,6 +355,10 @@ def _check_plans(args: argparse.Namespace, plans: list) -> tuple[str | None, str
             return (f"--inject {f.spec!r}: {step} is never reached with --steps {args.steps} "
                     f"(steps 0 to {args.steps - 1})", None)
     for f in network:
+        if args.one_host or args.hosts == "loopback":
+            why = "not with --one-host" if args.one_host else "not with --hosts loopback"
+            return (f"{f.spec} is a network fault: it needs hosts that are network namespaces "
+                    f"(--hosts netns; {why})", None)
         if held and (held != "--dry-run" or kept):
             return (f"{f.spec} is a network fault, and with {held}{kept} its host is never "
                     "healed (only a quarantined host is): its group would be restarted onto the "
@@ -373,10 +377,10 @@ def _check_plans(args: argparse.Namespace, plans: list) -> tuple[str | None, str
 def _quarantine_off(args: argparse.Namespace) -> str | None:
     """The flag that keeps the monitor from quarantining a host (None: it quarantines). The
     demo heals a network fault's host only once it is quarantined, so these runs get none."""
-    return ("--no-quarantine" if args.no_quarantine
-            else "--quarantine-dry-run" if args.quarantine_dry_run
-            # the monitor runs with --quarantine-dry-run then
-            else "--dry-run" if args.dry_run else None)
+    # --dry-run first: with it the monitor quarantines nothing whatever the others say
+    return ("--dry-run" if args.dry_run
+            else "--no-quarantine" if args.no_quarantine
+            else "--quarantine-dry-run" if args.quarantine_dry_run else None)
 
 
 def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: dict) -> int:
@@ -386,13 +390,6 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
     from .report import write_report
 
     namespaced = not args.one_host and args.hosts != "loopback"
-    if not namespaced and not args.no_faults:  # said before anything is made
-        network = [p.spec for p in plans if p.kind in NETWORK_KINDS]
-        if network:
-            why = "not with --one-host" if args.one_host else "not with --hosts loopback"
-            print(f"lightkeeper demo: {network[0]} is a network fault: it needs hosts that are "
-                  f"network namespaces (--hosts netns; {why})", file=sys.stderr)
-            return 2
     try:  # before the hosts: a second demo exits before building any
         lock = acquire_lock()
     except DemoLocked as e:

@@ -116,6 +116,25 @@ def test_a_dry_run_takes_a_network_fault_and_says_its_host_stays_broken(cli, bou
            "stays broken until the run's end" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("also", ["--quarantine-dry-run", "--no-quarantine"])
+def test_a_dry_run_with_quarantine_off_too_takes_a_network_fault(cli, also, tmp_path, capsys):
+    # the monitor of a --dry-run quarantines nothing anyway: the run is a plain --dry-run
+    faults = _scenario("--dry-run", also, "--inject", "0:partition:at_step=60",
+                       "--report-dir", str(tmp_path / "r"))
+    assert [p.spec for p in faults] == ["partition:at_step=60"]
+    assert "with --dry-run its host is never quarantined nor healed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hosts", [("--hosts", "loopback"), ("--one-host",)])
+def test_a_network_fault_without_namespaces_is_refused_before_anything_is_said(cli, hosts,
+                                                                               capsys):
+    code = demo_mod.run(demo_args(*hosts, "--dry-run", "--inject", "1:partition:at_step=20"))
+    got = capsys.readouterr()
+    assert code == 2 and cli.built == 0 and got.out == "", got.out
+    assert "partition:at_step=20 is a network fault: it needs hosts that are network " \
+           "namespaces (--hosts netns; not with" in got.err, got.err
+
+
 @pytest.mark.parametrize("spec", ["partition:at_step=60", "slow_link:mbit=20,from_step=60"])
 def test_a_link_fault_with_two_groups_is_refused_a_host_gone_is_not(cli, spec, tmp_path,
                                                                     capsys):
