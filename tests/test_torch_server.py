@@ -393,6 +393,30 @@ def test_a_dump_wedged_past_the_whole_timeout_is_not_asked_for_a_while(garbage_s
         assert errors[2].startswith(f"its dump did not answer in 2 s; not asked for {REST_S:g} s")
 
 
+def test_a_crashed_rank_whose_port_still_takes_connections_is_unreachable_at_once():
+    """torch's rank-0 frontend, forked from the rank, keeps the rank's listening socket when the
+    rank crashes: connections are taken, never answered. The next sweep, on the handler list it
+    kept, finds the rank unreachable, not answering with its dump unread: a sweep later the
+    Lighthouse may have dropped the group (a 1 s heartbeat timeout) and the rank be unverified."""
+    answers = type("_Crashing", (_Answers,), {"routes": {
+        ("GET", "/handler/"): _listing("fr_trace_json"),
+        ("POST", "/handler/fr_trace_json"): (200, b'{"version": "2.10", "entries": []}')}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), answers)
+    t = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    t.start()
+    url = f"torch+http://127.0.0.1:{server.server_address[1]}"
+    poller = TorchPoller(timeout_s=1, fr_timeout_s=30)
+    try:
+        assert poller.sweep([url])[url].ok
+        server.shutdown()  # no more accept(); its listening socket stays open, as the fork's
+        t.join()
+        p = poller.sweep([url])[url]
+        assert not p.ok and p.reason == "timeout", p
+    finally:
+        poller.close()
+        server.server_close()
+
+
 def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_server):
     url, table = garbage_server
     table.clear()

@@ -118,8 +118,18 @@ class TorchPoller:
                 out[u] = p
         raw = [u for u in handlers if u not in out]
         dumps = self._dumps(raw, handlers)
+        # a dump unanswered on a list from an earlier sweep: a crashed rank's port can still
+        # take connections (torch's rank-0 frontend, forked from it, holds it), so the list is
+        # asked again now; silent, the rank is unreachable, not merely its dump unread
+        again = [u for u, d in dumps[FR_HANDLER].items()
+                 if d.reason == "timeout" and self._handlers.get(u, ((), t0))[1] < t0]
+        for u in again:
+            del self._handlers[u]
+        self._list(again, out)
         latency = time.monotonic() - t0
         for u in raw:
+            if u in out:
+                continue
             d, dump = dumps[FR_HANDLER].get(u), None
             if d is None:
                 error = f"no {FR_HANDLER} handler (torch < 2.8, or not registered)"
