@@ -9,22 +9,24 @@ from collections import deque
 from .model import JOB_RESTART_STEPS, GoodputConfig, Incident
 
 
-def pace_of(history: deque, window: float, b: float | None) -> float | None:
-    """Steps in the trailing window of ``(t, steps)`` x b / its length; None without data or
-    over less than ``2 x b`` (a step more or less would swing it by half or more)."""
+def window_start(history: deque, window: float, end: float) -> tuple[float, int]:
+    """The last ``(t, steps)`` at or before ``end - window``, else the first."""
+    return next((h for h in reversed(history) if h[0] <= end - window), history[0])
+
+
+def pace_of(history: deque, window: float, b: float | None, end: float | None = None
+            ) -> float | None:
+    """Steps in the trailing window of ``(t, steps)`` (ending at ``end``, else its newest) x b
+    / its length; None without data or over less than ``2 x b`` (a step more or less would
+    swing it by half or more)."""
     if b is None or len(history) < 2:
         return None
-    t_end, v_end = history[-1]
-    start = history[0]
-    for t, v in history:
-        if t <= t_end - window:
-            start = (t, v)
-        else:
-            break
-    span = t_end - start[0]
+    end = history[-1][0] if end is None else end
+    t0, v0 = window_start(history, window, end)
+    span = end - t0
     if span <= 0 or span < 2 * b:
         return None
-    return max(0, v_end - start[1]) * b / span
+    return max(0, history[-1][1] - v0) * b / span
 
 
 def trim(history: deque, now: float, keep: float, steps: int = 0) -> None:
@@ -154,16 +156,12 @@ class JobPace:
         """Start of the trailing window (from ``after`` on) at pace by baseline ``b``, never
         before the job first committed again (by the ranks' clock, or the sweep that saw it);
         None if it is not at pace."""
-        if b is None:
+        hist, w = self.history, self.window
+        pace = pace_of(hist, w, b, now)
+        if pace is None or pace < self.cfg.pace_threshold:
             return None
-        hist, start = list(self.history), None
-        for t, s in hist:
-            if t <= now - self.window:
-                start = (t, s)
-        if start is None or start[0] < after - 1e-9:
-            return None
-        span = now - start[0]
-        if span <= 0 or (hist[-1][1] - start[1]) * b / span < self.cfg.pace_threshold:
+        start = window_start(hist, w, now)
+        if start[0] > now - w or start[0] < after - 1e-9:  # not a whole window after ``after``
             return None
         first_move = next((hist[i][0] for i in range(1, len(hist))
                            if hist[i][0] > after and hist[i][1] > hist[i - 1][1]), start[0])
