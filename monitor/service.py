@@ -76,14 +76,15 @@ class Trouble:
     """A condition that lasts across sweeps: warned when it starts, again every
     ``WARN_EVERY_S`` while it lasts, and said once when it ends (``ended``)."""
 
-    def __init__(self, what: str, ended: str) -> None:
-        self.what, self.ended = what, ended
+    def __init__(self, what: str, ended: str, level: int = logging.WARNING) -> None:
+        self.what, self.ended, self.level = what, ended, level
         self.error: str | None = None
         self._said_at = float("-inf")
 
-    def update(self, error: str | None, now: float) -> None:
+    def update(self, error: str | None, now: float, exc: BaseException | None = None) -> None:
+        """``exc``: its traceback goes with the line."""
         if error and (not self.error or now - self._said_at >= WARN_EVERY_S):
-            log.warning("%s: %s", self.what, error)
+            log.log(self.level, "%s: %s", self.what, error, exc_info=exc)
             self._said_at = now
         elif not error and self.error:
             log.warning("%s", self.ended)
@@ -140,6 +141,7 @@ class Monitor:
         self._targets_file = Trouble("last good targets kept (none before a good read)",
                                      "the targets file is read again")
         self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again")
+        self._sweep_trouble = Trouble("sweep failed", "sweeps succeed again", logging.ERROR)
         self._refused: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
         self._refused_in = 0
         self._end_said_at: float | None = None  # a forgotten rank last said it ended/stopped
@@ -223,19 +225,16 @@ class Monitor:
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            error = None
+            error = exc = None
             try:
                 self.sweep_once()
             except Exception as e:  # a bug in one stage must not end monitoring
                 error = f"{type(e).__name__}: {e}"
-                if error != self.last_sweep_error:  # not every sweep (a full disk)
-                    # the audit log unwritable (full, locked) is no bug: one line, no traceback
-                    log.error("sweep failed: %s", error,
-                              exc_info=not isinstance(e, sqlite3.OperationalError))
-            if self.last_sweep_error and not error:
-                log.warning("sweeps succeed again")
-            self.last_sweep_error = error
+                # the audit log unwritable (full, locked) is no bug: one line, no traceback
+                exc = None if isinstance(e, sqlite3.OperationalError) else e
             self.loop_at = self.clock()
+            self._sweep_trouble.update(error, self.loop_at, exc)
+            self.last_sweep_error = error
             if not error:
                 self.swept_at = self.loop_at
             self.wait_next(started)

@@ -1,12 +1,13 @@
 """A trouble that lasts is said once, then once a minute while it lasts, and once when it ends:
 not a warning every sweep. An unreachable Lighthouse (its error names a new connection object
-each time), a broken targets file, an --sd-out that cannot be written."""
+each time), a broken targets file, an --sd-out that cannot be written, a sweep that fails."""
 
 from __future__ import annotations
 
 import json
 import logging
 
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.service import WARN_EVERY_S, Monitor
@@ -73,6 +74,33 @@ def test_a_broken_targets_file_and_an_unwritable_sd_out_are_said_once(tmp_path, 
                 mon.sweep_once()
             assert said("the targets file is read again") == 1
             assert said("last good targets kept") == 1
+    finally:
+        mon.stop()
+
+
+def test_a_sweep_failing_on_is_said_once_a_minute_with_its_traceback(tmp_path, caplog):
+    """Before: said once however long it lasted (a rotated log kept no trace of it)."""
+    clock = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, interval_s=0.05, state_path=str(tmp_path / "m.db"),
+                                job="unit"), clock=lambda: clock[0])
+    calls = []
+
+    def sweep():  # 10 s of the monitor's clock each: fails through 80 s, then recovers
+        calls.append(clock[0])
+        clock[0] += 10.0
+        if len(calls) <= 8:
+            raise RuntimeError("a bug in a stage")
+
+    mon.sweep_once = sweep
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.service"):
+            mon.start(serve=False)
+            wait_until(lambda: len(calls) >= 12, 30, what="12 sweeps")
+            failed = [r for r in caplog.records
+                      if r.getMessage() == "sweep failed: RuntimeError: a bug in a stage"]
+            assert len(failed) == 2, failed  # at its start and a minute later
+            assert all(r.levelno == logging.ERROR and r.exc_info for r in failed)
+            assert sum(r.getMessage() == "sweeps succeed again" for r in caplog.records) == 1
     finally:
         mon.stop()
 
