@@ -1,7 +1,8 @@
 """Dumps as torch writes them, not as the WorkerServer does: pg_status keyed by a per-process
 pg id (only groups that recorded an entry), onlyActive dumps of a TP x DP job and dumps that only
-look so (cut by ?last=, without entries), a rank blocked in one hang blamed for another, odd
-pg_status counts and a JSON file with a byte order mark."""
+look so (cut by ?last=, without entries; the server's whole ones, which say it), a rank blocked in
+one hang blamed for another, ranks with their recorder off, odd pg_status counts and a JSON file
+with a byte order mark."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from lightkeeper.cli import main
 from monitor.analysis import GroupKey, analyze
 from monitor.analysis.engine import NOTHING_KEPT
+from monitor.polling import FR_LAST_LEADERS
 from tests.support.frgen import FRJob, write_dumps
+from worker_server import flight_recorder
 from worker_server.endpoints import filter_fr_dump, fr_trace_body
 
 
@@ -35,9 +38,24 @@ def only_active(dumps: dict[int, dict]) -> dict[int, dict]:
     return dumps
 
 
-def tp_dp_job() -> dict[int, dict]:
+def as_served(rank: int, dump: dict, **args: str) -> dict:
+    """torch's ``dump`` as rank ``rank``'s WorkerServer answers ``/v1/fr_trace?<args>``."""
+    who = SimpleNamespace(identity=SimpleNamespace(rank=rank, replica_group=None, group_rank=rank,
+                                                   group_world_size=None, host="h", job="j"), replica_id=None)
+
+    def torch_dump(only_active: bool = False) -> bytes:  # onlyActive: its unfinished entries
+        kept = [e for e in dump.get("entries", []) if not only_active or e["state"] != "completed"]
+        return json.dumps(dict(dump, entries=kept)).encode()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flight_recorder, "raw_dump_json", torch_dump)
+        return json.loads(fr_trace_body(who, None, args))
+
+
+def tp_dp_job(ahead: int = 1) -> dict[int, dict]:
     """TP 2 x DP 2 ("1" {0,1}, "2" {2,3}, "3" {0,2}, "4" {1,3}): rank 3 is stuck in compute
-    before its TP all_reduce; rank 2 waits in it, rank 0 waits for rank 2 in DP, rank 1 for 3."""
+    before its TP all_reduce; rank 2 waits in it (``ahead``: TP collectives it enqueued past
+    rank 3), rank 0 waits for rank 2 in DP, rank 1 for 3."""
     job = FRJob(4)
     for name, ranks in (("1", [0, 1]), ("2", [2, 3]), ("3", [0, 2]), ("4", [1, 3])):
         job.group(name, ranks)
@@ -46,7 +64,8 @@ def tp_dp_job() -> dict[int, dict]:
         for g in ("1", "2", "3", "4"):
             job.collective(g)
     job.collective("1")
-    job.collective("2", absent=[3])
+    for _ in range(ahead):
+        job.collective("2", absent=[3])
     job.collective("3", absent=[2])
     job.collective("4", absent=[3])
     return torch_ids(job.dumps())
@@ -56,9 +75,11 @@ def hangs(result: Any) -> dict[str, tuple]:
     return {f.group.pg: (f.seq, f.culprit_ranks, f.waiting_ranks) for f in result.findings if f.kind == "hang"}
 
 
-def test_a_rank_blocked_in_another_hang_is_no_culprit():
-    result = analyze(tp_dp_job())
-    # rank 2 never enqueued DP seq 5 because it waits in TP seq 5 for rank 3
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_a_rank_blocked_in_another_hang_is_no_culprit(ahead):
+    result = analyze(tp_dp_job(ahead))
+    # rank 2 never enqueued DP seq 5 because it waits in TP seq 5 for rank 3: its newest entry
+    # is that one, or a later one its CPU enqueued before it blocked (NCCL runs ahead)
     assert hangs(result) == {"2": (5, [3], [2]), "3": (5, [], [0]), "4": (5, [3], [1])}
     [dp] = [f for f in result.findings if f.group == GroupKey("3")]
     assert dp.to_dict()["blocked_by"] == {"2": {"pg": "2", "replica_group": None, "quorum_id": None,
@@ -125,6 +146,17 @@ def test_a_worker_servers_fetch_says_whether_it_is_only_active():
     plain = {r: fetch(d, last="64") for r, d in only_active(tp_dp_job()).items()}
     assert "only_active" not in plain[3]["filter"]
     assert hangs(analyze(plain)) == {}
+
+
+def test_an_unfiltered_worker_server_dump_says_whether_it_is_only_active():
+    # no ?pg= nor ?last= (an incident bundle's fetch, a curl): no filter, but incarnations (the
+    # server always adds them): whole unless the server says torch was asked for onlyActive
+    whole = {r: as_served(r, d) for r, d in tp_dp_job().items()}
+    asked = {r: as_served(r, d, onlyactive="true") for r, d in tp_dp_job().items()}
+    assert "filter" not in asked[3] and asked[3]["only_active"] is True and "only_active" not in whole[3]
+    assert not any(e["state"] == "completed" for d in asked.values() for e in d.get("entries", []))
+    for dumps in (whole, asked):
+        assert hangs(analyze(dumps)) == {"2": (5, [3], [2]), "3": (5, [], [0]), "4": (5, [3], [1])}
 
 
 def test_torchfts_cross_group_groups_are_not_read_as_only_active():
@@ -225,6 +257,39 @@ def test_a_rank_with_its_flight_recorder_off_testifies_nothing(served, flavour):
     assert (hang.culprit_ranks, hang.waiting_ranks) == ([1], [0])
     # gloo's members are the ranks whose entries show them: rank 2 is none of the group's
     assert hang.unknown_ranks == ([2] if flavour == "nccl" else [])
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+@pytest.mark.parametrize("fetch", ["whole", "leaders"])
+def test_a_leader_with_its_flight_recorder_off_is_no_culprit_across_groups(fetch, flavour):
+    """Three replica groups; group 2's leader (rank 4) never enters quorum 2's all_reduce; group
+    1's (rank 2) did, run with TORCH_FR_BUFFER_SIZE=0: its WorkerServer still lists torchft's
+    incarnations (none resolved: no entry names them), no group, no count, no entry. Read whole
+    (an incident bundle) or as the monitor asks leaders (?pg=torchft&last=), rank 2 was named."""
+    job = FRJob(6, replica_group_size=2, flavour=flavour)
+    for g in range(3):
+        job.group(f"a{g}", [2 * g, 2 * g + 1])
+    job.quorum(1, [0, 1, 2])
+    for _ in range(4):
+        for g in range(3):
+            job.collective(f"a{g}")
+        job.ft_collective()
+    job.quorum(2, [0, 1, 2])
+    for g in range(3):
+        job.collective(f"a{g}")
+    job.ft_collective(absent=[4, 5])
+    dumps = job.dumps(ranks=None if fetch == "whole" else [0, 2, 4])
+    for r in set(dumps) & {2, 3}:
+        dumps[r].update(pg_config={}, pg_status={}, entries=[])
+        for i in dumps[r]["incarnations"]:
+            i.update(pg_id=None, pg_name=None, first_record_id=0)
+    if fetch == "leaders":
+        dumps = {r: json.loads(filter_fr_dump(json.dumps(d).encode(), "torchft", FR_LAST_LEADERS))
+                 for r, d in dumps.items()}
+    found = {f.group.group_rank: (f.group.quorum_id, f.culprit_ranks, f.waiting_ranks, f.unknown_ranks)
+             for f in analyze(dumps).findings if f.kind == "hang"}
+    want = {0: (2, [4], [0], [2]), 1: (2, [5], [1], [3])}
+    assert found == (want if fetch == "whole" else {0: want[0]})
 
 
 @pytest.mark.parametrize("flavour", ["nccl", "gloo"])

@@ -18,11 +18,13 @@ from tests.test_monitor_detectors import T0, Job, sweep
 DP_TP = (("1", (0, 2)), ("2", (1, 3)), ("3", (0, 1)), ("4", (2, 3)))  # creation order
 
 
+@pytest.mark.parametrize("ahead", [0, 1])
 @pytest.mark.parametrize("groups", [1, 2])
-def test_a_replica_groups_hang_naming_a_culprit_is_taken_before_a_blocked_one(groups):
+def test_a_replica_groups_hang_naming_a_culprit_is_taken_before_a_blocked_one(groups, ahead):
     """One replica group (no cross-group hang to fall back on), and two (the other waits in
     the cross-group all_reduce): rank 3 is named inside its group, in a collective its peers
-    wait in."""
+    wait in; also where rank 2's CPU ran ``ahead`` (NCCL) and enqueued more TP collectives that
+    wait for rank 3 before it blocked."""
     job = Job(groups=groups, ranks=4)
     det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
     for g in range(groups):
@@ -40,6 +42,8 @@ def test_a_replica_groups_hang_naming_a_culprit_is_taken_before_a_blocked_one(gr
             mesh(g)
     sweep(det, job, T0)
     mesh(0, absent={"4": [3], "1": [2], "2": [3]})
+    for _ in range(ahead):
+        job.fr.collective("4", "all_reduce", [[1000]], members=[2, 3], absent=[3])
     if groups == 2:
         mesh(1)
         job.fr.ft_collective("all_reduce", [[1000]], absent=[0, 1, 2, 3])

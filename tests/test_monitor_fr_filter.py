@@ -32,7 +32,7 @@ from rank_wire.recorders import merge
 from tests.support.fake_rank import FakeRank
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import SimRanks, rank_state
-from tests.test_analysis_foreign_dumps import hangs, torch_ids
+from tests.test_analysis_foreign_dumps import as_served, hangs, torch_ids
 from worker_server.app import filter_fr_dump
 
 SCENARIOS = [
@@ -125,23 +125,39 @@ def test_a_torch_only_dump_cut_to_its_newest_entries_is_not_read_as_only_active(
     assert hangs(analyze(dumps)) == {"2": (6, [2], [1])}
 
 
-def test_a_rank_whose_recorder_was_reset_is_no_evidence():
+@pytest.mark.parametrize("flavour", ["gloo", "nccl"])
+def test_a_torch_only_rank_stuck_before_its_first_collective_is_named(flavour):
+    """gloo lists its groups as one '' pg_config entry, which adapted_dump leaves out as
+    torchft's: the rank's recorder was on all the same, so holding no entry it enqueued none."""
+    job = FRJob(3, flavour=flavour)
+    job.collective("0", "all_reduce", [[8]], absent=[1])
+    dumps = {r: adapted_dump(d, {"rank": r, "replica_group": None, "group_rank": r, "group_world_size": 3},
+                             None, 1.8e9) for r, d in job.dumps().items()}
+    [hang] = [f for f in analyze(dumps).findings if f.kind == "hang"]
+    assert (hang.culprit_ranks, hang.waiting_ranks) == ([1], [0, 2])
+
+
+@pytest.mark.parametrize("query", [{"last": str(FR_LAST)}, {}])
+def test_a_rank_whose_recorder_was_reset_is_no_evidence(query):
     # torchft resets NCCL's recorder at a quorum change, unfinished entries too (torch's
     # reset_all: a new epoch): rank 1 answers no entry at all (pg_status keeps its counts), stuck
     # before its first collective since, or past the reset with seq 6 enqueued: which, no dump
-    # says. Rank 0 waits in "1"'s seq 6; ranks 2 and 3, another replica group, completed theirs.
-    # Named once, an innocent rank whose reset landed after it enqueued was named too.
+    # says. Rank 0 waits in "1"'s seq 6; ranks 2 and 3, another replica group, have theirs in
+    # flight: no dump keeps an entry completed since the reset. Named once, an innocent rank
+    # whose reset landed after it enqueued was named too; so was it from a whole dump (no
+    # query, so no filter: an incident bundle's fetch), read as onlyActive by its shape.
     job = FRJob(4)
     job.group("1", [0, 1])
     job.group("2", [2, 3])
     job.repeat(5, [("1", "all_reduce", [[8]]), ("2", "all_reduce", [[8]])])
     before = {r: len(d["entries"]) for r, d in job.dumps().items()}
-    job.collective("2")
+    job.collective("2", complete=False)
     job.collective("1", absent=[1])
     dumps = {}
     for r, d in torch_ids(job.dumps()).items():
         d["entries"] = [dict(e, record_id=i) for i, e in enumerate(d["entries"][before[r]:])]
-        dumps[r] = json.loads(filter_fr_dump(json.dumps(merge(None, d)).encode(), None, FR_LAST))
+        dumps[r] = as_served(r, merge(None, d), **query)
+    assert ("filter" in dumps[1]) == bool(query)
     assert hangs(analyze(dumps)) == {}
 
 

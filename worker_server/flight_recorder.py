@@ -387,6 +387,8 @@ def fr_dump(tracker: IncarnationTracker | None, identity: dict[str, Any],
     extra = dict(identity)
     extra["dump_time_ns"] = time.time_ns()
     extra["incarnations"] = tracker.annotate(full) if tracker is not None else []
+    if only_active:  # said, as an unfiltered dump has no ``filter`` to say it in
+        extra["only_active"] = True
     keys = json.dumps(extra, separators=(",", ":"))[1:-1].encode()
     body = raw[:-1].rstrip()
     return body + (b"," if not body.endswith(b"{") else b"") + keys + b"}"

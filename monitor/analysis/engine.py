@@ -348,8 +348,8 @@ def _ranks(ranks: list[int]) -> str:
 
 def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
     """The rank's last sequence id in the group, 0 if it provably enqueued none, else None."""
-    if trace is None:
-        return None
+    if trace is None or (trace.oldest_record_id is None and not trace.pg_listed):
+        return None  # its recorder was off: it lists no group, records nothing
     group = trace.groups.get(key)
     if group is not None:
         return group.last_seq
@@ -376,8 +376,8 @@ def _holds_all(trace: RankTrace, key: GroupKey) -> bool:
     the entries leave out (onlyActive keeps unfinished ones only; none kept at all)."""
     if trace.kept_pg is not None:
         return _kept(trace, key) and not _only_active(trace, key)
-    if trace.oldest_record_id is None:  # no entry: a recorder that was off lists no group
-        return not trace.status_enqueued and trace.pg_listed
+    if trace.oldest_record_id is None:  # no entry (one whose recorder was off: no testimony)
+        return not trace.status_enqueued
     return not _only_active(trace, key)
 
 
@@ -477,14 +477,15 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
 
 
 def _unblame_blocked(hangs: list[HangFinding], traces: Mapping[int, RankTrace]) -> None:
-    """A culprit whose newest entry is the unfinished collective it waits in, in another hang, is
-    blocked by that hang, not a culprit of this one; unless the hangs only block each other."""
+    """A culprit whose newest entry is unfinished in another hang's group, at its seq or past it
+    (NCCL's CPU runs ahead), is blocked by that hang, not a culprit of this one; unless the
+    hangs only block each other."""
     waits_in: dict[int, HangFinding] = {}
     for h in hangs:
         for r in h.waiting_ranks:
             e = traces[r].last_entry if r in traces else None
-            if e and e["state"] != "completed" and \
-                    (e["pg"], e["seq"], e.get("quorum_id")) == (h.group.pg, h.seq, h.group.quorum_id):
+            if e and e["state"] != "completed" and (e["pg"], e.get("quorum_id")) == \
+                    (h.group.pg, h.group.quorum_id) and isinstance(e["seq"], int) and e["seq"] >= h.seq:
                 waits_in[r] = h
 
     def free(h: HangFinding, seen: set[int]) -> bool:  # some culprit down the chain is not blocked

@@ -109,9 +109,9 @@ class RankTrace:
     kept_pg: str | None = None  # a filtered dump's ``filter.pg``: only that group's entries kept
     cut: bool = False  # a ``?last=`` dump that may have left older entries out
     pg_listed: bool = True  # pg_config lists a group: its recorder was on (off: none listed)
-    # a WorkerServer's dump (it has ``filter``): torch was asked for onlyActive (one with no
-    # entry at all is a recorder reset, unfinished entries too: not onlyActive); None: a dump
-    # without filter, read by its shape
+    # a WorkerServer's dump (``filter`` or ``incarnations``): torch was asked for onlyActive, as
+    # it says (one with no entry at all is a recorder reset, unfinished entries too: not
+    # onlyActive); None: torch's own, read by its shape
     only_active: bool | None = None
 
     @property
@@ -139,8 +139,9 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
     names = {str(c.get("name", k)) if isinstance(c, Mapping) else str(k) for k, c in config.items()} \
         if isinstance(config, Mapping) else set()
     filt = dump.get("filter")
-    own = isinstance(filt, Mapping)
-    filt = filt if own else {}
+    # the WorkerServer's (it always adds incarnations): onlyActive only where it says so
+    own = isinstance(filt, Mapping) or isinstance(dump.get("incarnations"), list)
+    filt = filt if isinstance(filt, Mapping) else {}
     kept = filt.get("pg")
     # ?last=N keeps the newest N: where entries_total (every group's) counts more, older ones may
     # be left out (read from the filter alone: the C reader's header holds no entries)
@@ -149,9 +150,11 @@ def status_fields(dump: Mapping[str, Any]) -> dict[str, Any]:
             "status_enqueued": any(n > 0 for n in last.values()), "status_completed": nccl and completed,
             "kept_pg": None if kept is None else str(kept),
             "cut": cap is not None and (total is None or total > cap),
-            "pg_listed": bool(names),
-            # a filter without the flag: not asked for, or an older server's
-            "only_active": (filt.get("only_active") is True) if own else None}
+            # adapted_dump drops torchft's groups from pg_config, gloo's only one ('') too
+            "pg_listed": bool(names) or filt.get("pg_listed") is True,
+            # without the flag: not asked for, or an older server's
+            "only_active": (filt.get("only_active") is True or dump.get("only_active") is True)
+            if own else None}
 
 
 def _count(raw: Any) -> int | None:

@@ -139,8 +139,10 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
     out["entries"] = kept[-FR_LAST:]
     # said as the WorkerServer's ?last= says it: torch's handler gave a whole dump, not an
     # onlyActive one, which the analysis could not tell from one cut here to unfinished entries
-    out["filter"] = {"pg": None, "last": FR_LAST, "entries_total": len(kept), "only_active": False}
     config = dump.get("pg_config")
+    # that its recorder listed a group (was on), said before gloo's only one ('') is dropped below
+    out["filter"] = {"pg": None, "last": FR_LAST, "entries_total": len(kept), "only_active": False,
+                     "pg_listed": bool(config)}
     out["pg_config"] = {k: v for k, v in config.items() if not is_torchft_pg_name(str(k))} \
         if isinstance(config, Mapping) else {}
     g, gr, ws = state["replica_group"], state["group_rank"], state["group_world_size"]
