@@ -1,7 +1,9 @@
 """Replica groups of different sizes in one job (trainer/loop.py): each rank all-reduces its
 gradient shard with, and heals from, the same group rank of the other groups, so a group of
-another size refuses to join, in one line. Real trainer processes and a real torchft Lighthouse;
-the page-reading rules against a served /status page."""
+another size refuses to join, or (groups that started at once) the group of the size fewer have
+leaves, in one line. Real trainer processes and a real torchft Lighthouse; the page-reading
+rules against a served /status page; a heal from another size in a group of the size most
+have, in the real loop over a stand-in for torchft's Manager."""
 
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
+import torchft
 
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import free_port, stop_process, wait_until
-from trainer.loop import other_sized_peer
+from tests.test_trainer_fault_steps import AsyncQuorumManager
+from trainer.config import TrainConfig
+from trainer.loop import other_sized_peer, outnumbered, train
 
 MISMATCH = "lightkeeper train: error: replica group 1 has 2 rank(s) (WORLD_SIZE) but " \
            "replica_group_0 has 1: groups of different sizes cannot train together"
@@ -70,7 +76,93 @@ def test_only_a_live_other_group_of_another_size_refuses(members, refused):
         assert f"lightkeeper train: error: {why}".startswith(MISMATCH)
 
 
-def _rank(tmp: Path, lighthouse: str, group: int, name: str, **env) -> tuple:
+G0, G1, G2 = "replica_group_0", "replica_group_1", "replica_group_2"
+
+
+@pytest.mark.parametrize("sizes, group, world_size, tie, leaves", [
+    ({G0: 1, G1: 2, G2: 2}, 0, 1, False, G1),  # fewer groups have its size: it leaves
+    ({G0: 1, G1: 2, G2: 2}, 1, 2, True, None),  # most have its size: it stays, even healing
+    ({G0: 1, G1: 2}, 0, 1, False, None),  # a tie: the heal source stays...
+    ({G0: 1, G1: 2}, 1, 2, True, G0),  # ...and the group that heals from it leaves
+    (None, 1, 2, False, None),  # /status unread: nothing to go by
+])
+def test_the_group_of_the_size_fewer_groups_have_leaves(sizes, group, world_size, tie, leaves):
+    why = outnumbered(sizes, group, world_size, tie=tie)
+    assert (why is None) == (leaves is None), why
+    if leaves:
+        assert why.startswith(f"replica group {group} has {world_size} rank(s) (WORLD_SIZE) "
+                              f"but {leaves} has {sizes[leaves]}: groups of different sizes")
+
+
+def _serve(pages: list[bytes]) -> ThreadingHTTPServer:
+    """A Lighthouse ``/status`` that answers ``pages`` in turn, then the last one for good."""
+    class Status(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            page = pages.pop(0) if len(pages) > 1 else pages[0]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Status)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server
+
+
+class HealsFromAnotherSize(AsyncQuorumManager):
+    """torchft's Manager for a one-rank group whose first quorum heals it from a two-rank
+    group 0: the heal counts the source's step (7), then hands the state to the trainer."""
+
+    def __call__(self, **kw):
+        self.load_user_state = kw["load_state_dict"]
+        return super().__call__(**kw)
+
+    def should_commit(self, timeout=None) -> bool:
+        self.wait_quorum()
+        if self.quorums == 1 and self.step == 0:
+            self.step = 7
+            self.load_user_state({"group_world_size": 2, "replica_group": 0})
+        return super().should_commit(timeout)
+
+    def load_state_dict(self, sd) -> None:  # torchft's own part of the state
+        self.step = sd["step"]
+
+    def report_error(self, e: Exception) -> None:
+        self.error = e
+
+
+def test_a_group_of_the_size_most_have_fails_that_heal_and_trains_on(monkeypatch, caplog):
+    """Group 1 (one rank) heals from group 0 (two ranks) while group 2 has one rank too: it
+    does not exit (before: it did, status 1); the step is not committed and not counted as
+    healed (the next all_reduce is step 0's again, not 7's)."""
+    quorum = _page([("replica_group_0:a1", 2, "0.05s"), ("replica_group_1:b2", 1, "0.05s"),
+                    ("replica_group_2:c3", 1, "0.05s")])
+    no_quorum = "Current quorum_id: 0 <br>\n<h3>Previous Quorum</h3>\n<h2>Heartbeats</h2>\n"
+    lighthouse = _serve([no_quorum.encode(), quorum.encode()])  # none before it joins
+    for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "RANK",
+                 "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torchft, "Manager", manager := HealsFromAnotherSize(heals={}))
+    cfg = TrainConfig(lighthouse=f"http://127.0.0.1:{lighthouse.server_address[1]}", steps=3,
+                      replica_group=1, num_replica_groups=3, worker_server=False,
+                      torch_threads=torch.get_num_threads(), connect_timeout_s=5)
+    try:
+        assert train(cfg) == 0
+    finally:
+        lighthouse.shutdown()
+        lighthouse.server_close()
+    assert [step for step, _ in manager.allreduced] == [0, 0, 1, 2]
+    assert "not healed: replica group 1 has 1 rank(s) (WORLD_SIZE) but replica_group_0 has 2" \
+        in caplog.text
+
+
+def _rank(tmp: Path, lighthouse: str, group: int, name: str, groups: int = 2, **env) -> tuple:
     out, err = tmp / f"{name}.out", tmp / f"{name}.err"
     base = {k: v for k, v in os.environ.items()
             if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
@@ -78,17 +170,19 @@ def _rank(tmp: Path, lighthouse: str, group: int, name: str, **env) -> tuple:
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lightkeeper.cli", "train", "--lighthouse", lighthouse,
-             "--num-replica-groups", "2", "--replica-group", str(group), "--steps", "100000",
-             "--step-pause", "0.1", "--pg-timeout", "5", "--connect-timeout", "20"],
+             "--num-replica-groups", str(groups), "--replica-group", str(group), "--steps",
+             "100000", "--step-pause", "0.1", "--pg-timeout", "5", "--connect-timeout", "20",
+             "--quorum-timeout", "180"],
             env={**base, "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in env.items()}},
             stdout=o, stderr=e, start_new_session=True)
     return proc, out, err
 
 
-def _group_of_two(tmp: Path, lighthouse: str) -> list[tuple]:
+def _group_of_two(tmp: Path, lighthouse: str, group: int = 1, groups: int = 2,
+                  name: str = "g1") -> list[tuple]:
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port(), "WORLD_SIZE": 2}
-    return [_rank(tmp, lighthouse, 1, f"g1r{r}", RANK=r, LOCAL_RANK=r, **rendezvous)
-            for r in range(2)]
+    return [_rank(tmp, lighthouse, group, f"{name}r{r}", groups, RANK=r, LOCAL_RANK=r,
+                  **rendezvous) for r in range(2)]
 
 
 def _steps(out: Path) -> list[str]:
@@ -144,6 +238,42 @@ def test_groups_of_different_sizes_that_start_at_once_refuse_at_the_heal(tmp_pat
         assert proc.returncode == 1, out.read_text()[-2000:] + text[-3000:]
         assert MISMATCH in text and "Traceback" not in text, text[-3000:]
         assert "participants=2" not in out.read_text()  # it committed nothing with group 0
+    finally:
+        for proc, _, _ in procs:
+            stop_process(proc, grace=0)
+        cluster.stop()
+
+
+@pytest.mark.e2e
+def test_a_group_of_another_size_started_with_the_others_leaves_and_they_train(tmp_path):
+    """Three groups start at once, the odd one (one rank; the others two) first: torchft makes
+    it the heal source at step 0. Before, the two-rank groups exited at the heal, their
+    restarts were refused for the odd group that stayed, and the job was stuck. Now the odd
+    group sees most groups of the quorum have another size and leaves with the one line; the
+    others fail that step's heal without exiting and train on, with group 0 restarted at the
+    job's size as a scheduler would."""
+    cluster = LocalCluster(tmp_path, num_groups=3, min_replicas=3)  # all three in the 1st quorum
+    procs = []
+    try:
+        lighthouse = cluster.start_lighthouse()
+        procs.append(odd := _rank(tmp_path, lighthouse, 0, "g0", 3))
+        procs += (right := _group_of_two(tmp_path, lighthouse, 1, 3, "g1")
+                  + _group_of_two(tmp_path, lighthouse, 2, 3, "g2"))
+        wait_until(lambda: any(p.poll() is not None for p, _, _ in procs), 240,
+                   what="a rank to exit")
+        wait_until(lambda: odd[0].poll() is not None, 30, what="the odd group to exit")
+        text = odd[2].read_text()
+        assert odd[0].returncode == 1 and "Traceback" not in text, text[-3000:]
+        assert text.count("lightkeeper train: error:") == 1, text[-3000:]
+        assert "lightkeeper train: error: replica group 0 has 1 rank(s) (WORLD_SIZE) but " \
+               "replica_group_1 has 2: groups of different sizes" in text, text[-3000:]
+        procs += (again := _group_of_two(tmp_path, lighthouse, 0, 3, "g0b"))
+        wait_until(lambda: all(sum("participants=3 " in s and "committed=True" in s
+                                   for s in _steps(out)) >= 3 for _, out, _ in right + again)
+                   or any(p.poll() is not None for p, _, _ in right + again), 240,
+                   what="the three groups of two to train together")
+        for proc, out, err in right + again:
+            assert proc.poll() is None, out.read_text()[-2000:] + err.read_text()[-3000:]
     finally:
         for proc, _, _ in procs:
             stop_process(proc, grace=0)

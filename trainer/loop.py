@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -120,9 +121,10 @@ def size_mismatch(replica_group: int, world_size: int, peer: str, peer_size: int
             f"group); start every group of the job with the same number of ranks")
 
 
-def other_sized_peer(lighthouse: str, replica_group: int, world_size: int) -> str | None:
-    """Why this group must not join the job: a live replica group of another size in the
-    Lighthouse's newest quorum. None when there is none, or the status cannot be read."""
+def quorum_sizes(lighthouse: str, replica_group: int, world_size: int) -> dict[str, int] | None:
+    """Each live replica group of the Lighthouse's newest quorum with its size, this group's
+    own as ``world_size`` (its entry there may be an earlier run); None when the status cannot
+    be read."""
     from monitor.evidence.lighthouse_status import LighthouseReader
 
     reader = LighthouseReader(lighthouse)
@@ -131,14 +133,36 @@ def other_sized_peer(lighthouse: str, replica_group: int, world_size: int) -> st
     finally:
         reader.close()
     if status is None:
-        return None  # the heal's own check below still refuses a peer of another size
+        return None
+    sizes = {}
     for rid, member in sorted(status.members.items()):
-        group = rid.split(":")[0]  # torchft appends ":<uuid>" to the replica id
-        # live: torchft's ManagerServer beats every 0.1 s, and a group that ended is past 2 s
-        # before another rank gets here; this group's own entry is an earlier run of it
-        if (group != f"replica_group_{replica_group}" and member.world_size != world_size
-                and status.heartbeats.get(rid, 2.0) < 2.0 and rid not in status.stale):
-            return size_mismatch(replica_group, world_size, group, member.world_size)
+        # torchft appends ":<uuid>" to the replica id; live: torchft's ManagerServer beats
+        # every 0.1 s, and a group that ended is past 2 s before another rank gets here
+        if status.heartbeats.get(rid, 2.0) < 2.0 and rid not in status.stale:
+            sizes[rid.split(":")[0]] = member.world_size
+    return {**sizes, f"replica_group_{replica_group}": world_size}
+
+
+def other_sized_peer(lighthouse: str, replica_group: int, world_size: int) -> str | None:
+    """Why this group must not join the job: a live replica group of another size in the
+    Lighthouse's newest quorum. None when there is none, or the status cannot be read."""
+    # unread: the heal's own check still refuses a peer of another size
+    for group, size in sorted((quorum_sizes(lighthouse, replica_group, world_size)
+                               or {}).items()):
+        if size != world_size:
+            return size_mismatch(replica_group, world_size, group, size)
+    return None
+
+
+def outnumbered(sizes: dict[str, int] | None, replica_group: int, world_size: int,
+                tie: bool = False) -> str | None:
+    """Why this group must leave the job: more groups of ``sizes`` (:func:`quorum_sizes`)
+    have another size than have its own (``tie``: as many too). None otherwise, or unread."""
+    counts = Counter((sizes or {}).values())
+    mine = counts[world_size]
+    for group, size in sorted((sizes or {}).items()):
+        if size != world_size and (counts[size] > mine or tie and counts[size] == mine):
+            return size_mismatch(replica_group, world_size, group, size)
     return None
 
 
@@ -283,9 +307,17 @@ def train(cfg: TrainConfig) -> int:
         # a peer that joined with this group at once (neither saw the other's size before)
         peer_size = sd.get("group_world_size", group_world_size)
         if peer_size != group_world_size:
-            raise GroupSizeMismatch(size_mismatch(
-                cfg.replica_group, group_world_size, f"replica_group_{sd['replica_group']}",
-                peer_size))
+            why = size_mismatch(cfg.replica_group, group_world_size,
+                                f"replica_group_{sd['replica_group']}", peer_size)
+            sizes = quorum_sizes(cfg.lighthouse, cfg.replica_group, group_world_size)
+            if sizes is None or outnumbered(sizes, cfg.replica_group, group_world_size, tie=True):
+                raise GroupSizeMismatch(why)  # a tie, or unread: the group that heals leaves
+            # Most groups have this size: the source leaves after its first quorum. This step
+            # fails as a failed heal does, torchft's step put back (else it would count as healed)
+            log.warning("not healed: %s; this size is the job's (most groups have it)", why)
+            manager.load_state_dict(before_quorum)
+            manager.report_error(GroupSizeMismatch(why))
+            return
         load_local_state_dict(model, inner_optimizer, sd)
 
     def state_dict():
@@ -352,11 +384,12 @@ def train(cfg: TrainConfig) -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     backward_s = 0.0  # the last step's backward time, stretched by slow_compute
 
-    completed = False
+    completed, first_quorum = False, True
     try:
         while manager.current_step() < cfg.steps:
             if state.stopped_by:  # SIGTERM'd: join no next quorum (a group about to be gone
                 threading.Event().wait()  # stalls it); the stop ends the process by SIGTERM
+            before_quorum = manager.state_dict()  # what a failed heal puts back
             optimizer.zero_grad(set_to_none=False)  # starts the quorum: async in one-rank groups
             if cfg.step_pause_s:  # data loading, overlapping an async quorum
                 time.sleep(cfg.step_pause_s)
@@ -365,6 +398,12 @@ def train(cfg: TrainConfig) -> int:
             # the commit check need the healed step. The forward (a few ms) no longer overlaps it.
             state.set_phase("quorum")  # as a multi-rank group blocked in its synchronous quorum
             manager.wait_quorum()
+            if first_quorum:  # groups started at once meet here: one of a size fewer have leaves
+                first_quorum = False
+                if why := outnumbered(quorum_sizes(cfg.lighthouse, cfg.replica_group,
+                                                   group_world_size),
+                                      cfg.replica_group, group_world_size):
+                    raise GroupSizeMismatch(why)
             state.set_phase("forward")
             step = manager.current_step()
             # A quorum that errored (its process group or the heal failed) returns with the step
