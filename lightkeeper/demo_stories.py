@@ -20,6 +20,13 @@ class Stories:
     """Part of :class:`~lightkeeper.demo_loop.Demo` (its state is set up there)."""
 
     def run_scenario(self) -> None:
+        try:
+            self._run_scenario()
+        finally:  # ended or stopped (--duration): --keep-running ticks on with this line
+            self.status = "scenario over" + (", kept running (Ctrl-C stops it)"
+                                             if getattr(self.args, "keep_running", False) else "")
+
+    def _run_scenario(self) -> None:
         plans = self.sc.faults
         if not plans:
             self.status = "healthy"
@@ -63,9 +70,6 @@ class Stories:
         # --ledger-wait, 30 s).
         self.status = "waiting for the monitor's ledger to see the job back at pace"
         self.wait(self.ledger_settled, self.sc.ledger_wait_s)
-        # --keep-running ticks on with this status line: not a wait that never ends
-        self.status = "scenario over" + (", kept running (Ctrl-C stops it)"
-                                         if getattr(self.args, "keep_running", False) else "")
 
     def soak_turn(self) -> bool:
         """Between two of a soak's faults: False once its time is up; the monitor restarted

@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from lightkeeper.demo_loop import Stop
 from lightkeeper.demo_stories import Stories
 from lightkeeper.scenario import FaultPlan, Scenario
 
@@ -43,5 +44,23 @@ def test_the_status_says_the_scenario_is_over_once_it_is(keep_running):
     demo = _Scenario(keep_running)
     demo.run_scenario()
     assert "waiting for the monitor's ledger to see the job back at pace" in demo.shown
+    assert demo.status.startswith("scenario over")
+    assert ("kept running" in demo.status) == keep_running
+
+
+@pytest.mark.parametrize("keep_running", [True, False])
+def test_a_scenario_stopped_by_its_duration_says_it_is_over(keep_running):
+    """--duration ends the scenario mid-story (Stop): the kept-running ticks must not go on
+    showing the story's last stage."""
+    demo = _Scenario(keep_running)
+
+    def stopped(pred, timeout):
+        demo.shown.append(demo.status)
+        raise Stop("every group trained 8 steps")
+
+    demo.wait = stopped
+    with pytest.raises(Stop):
+        demo.run_scenario()
+    assert demo.shown[-1] != demo.status
     assert demo.status.startswith("scenario over")
     assert ("kept running" in demo.status) == keep_running
