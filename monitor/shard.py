@@ -14,7 +14,7 @@ from typing import Any
 
 from http_serving import redact_url
 
-from .act.decisions import blind_reason, decide
+from .act.decisions import blind_reason
 from .config import ShardConfig
 from .lease import KV, Etcd, EtcdError, SessionLease, created_never, leased_by, modified_at
 from .shard_leader import Leader, _audit, _by_rid, _is_proposal
@@ -272,33 +272,32 @@ class Shards:
 
     def _propose_findings(self, view: Any, evidence: Any, now: float,
                           records: dict[str, KV]) -> None:
-        """The shard's own rails, then a proposal; min replicas and cooldown are the leader's."""
+        """The enforcer's decisions under the shard's own rails, a proposal for each eviction
+        (min replicas and cooldown are the leader's); then the withdrawals."""
         mon = self.mon
-        local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
-        s = mon.enforcer.situation(view, evidence, now)
         wanted: set[str] = set()
-        for f in mon.detectors.open_findings():
-            if f.kind not in local.evict_kinds:
-                continue
-            d = decide(f.kind, f.replica_group, f.replica_id, s, local)
-            if not d.evict:
-                mon.enforcer.hold(f, d)  # recorded once per reason
-                continue
+
+        def propose(f: Any) -> bool:
             wanted.add(f.replica_id)
-            if f.replica_id not in self._proposed:
-                fid = mon.enforcer.finding_id(f.key)
-                # kept before the proposal, so before any kill the leader sends on it
-                bundle = mon.enforcer.keep_bundle(view, evidence, f.to_dict(), fid, {
-                    "decision": "proposed", "reason": f.kind, "source": "auto",
-                    "status": "proposing", "replica_group": f.replica_group,
-                    "replica_id": f.replica_id, "at": mon.clock()})
-                if not self._renewed():
-                    return
-                did = self._propose(f.replica_group, f.replica_id, _summary(f), fid,
-                                    f.to_dict(), "auto")
-                if did is not None and bundle is not None:
-                    mon.store.update_decision(did, bundle=bundle["id"])
-        self._withdraw(wanted, records)
+            if f.replica_id in self._proposed:
+                return True
+            fid = mon.enforcer.finding_id(f.key)
+            # kept before the proposal, so before any kill the leader sends on it
+            bundle = mon.enforcer.keep_bundle(view, evidence, f.to_dict(), fid, {
+                "decision": "proposed", "reason": f.kind, "source": "auto",
+                "status": "proposing", "replica_group": f.replica_group,
+                "replica_id": f.replica_id, "at": mon.clock()})
+            if not self._renewed():
+                return False
+            did = self._propose(f.replica_group, f.replica_id, _summary(f), fid, f.to_dict(),
+                                "auto")
+            if did is not None and bundle is not None:
+                mon.store.update_decision(did, bundle=bundle["id"])
+            return True
+
+        local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
+        if mon.enforcer.decide(view, evidence, now, local, propose):
+            self._withdraw(wanted, records)
 
     def _renewed(self) -> bool:
         """After a proposal's bundle (up to --bundle-timeout on this thread): the lease renewed,
@@ -311,8 +310,8 @@ class Shards:
         return True
 
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
-        """Delete this shard's automatic proposals that no open finding of this run stands behind
-        and no leader acted on: a leader never evicts on evidence the shard no longer holds (one
+        """Delete this shard's automatic proposals that no open finding of this run (of a group
+        it sees: out_of_sight) stands behind and no leader acted on: a leader never evicts on evidence the shard no longer holds (one
         of an earlier run goes too: the next sweep proposes anew)."""
         proposals = _by_rid(self.etcd, self.root + "proposals/")
         # one gone (withdrawn by another run that held the slice meanwhile): proposed anew
@@ -329,7 +328,7 @@ class Shards:
                                     else modified_at(record, rec.mod_revision),
                                     modified_at(kv.key, kv.mod_revision)], kv.key):
                 self._proposed.discard(rid)
-                detail = ("no open finding of this shard stands behind the proposal any more"
+                detail = ("no open finding of a group this shard sees stands behind the proposal"
                           if p.get("run") == self.run else "made by an earlier run of this "
                           "shard: proposed anew while a finding stands behind it")
                 log.warning("withdrew the proposal to evict %s: %s", rid, detail)

@@ -777,7 +777,6 @@ class _Monitor:
     def __init__(self, etcd_url: str, prefix: str, index: int | None) -> None:
         from types import SimpleNamespace
 
-        from monitor.act.decisions import Situation
         from monitor.api.metrics import MonitorMetrics
         from monitor.config import MonitorConfig, RailsConfig, ShardConfig
         from monitor.store import Store
@@ -794,11 +793,17 @@ class _Monitor:
         self.detectors = SimpleNamespace(open_findings=lambda: [f for f, _ in
                                                                 self.open.values()])
         self.enforcer = SimpleNamespace(
-            situation=lambda view, ev, now: Situation(
-                now=now, groups_in_quorum={0, 1, 2},
-                evicted_replica_ids=self.store.evicted_replica_ids()),
-            hold=lambda f, d: None, keep_bundle=lambda *a: None,
+            decide=self._decide, keep_bundle=lambda *a: None,
             finding_id=lambda key: self.open[key][1])
+
+    def _decide(self, view, evidence, now, rails, evict) -> bool:
+        """Enforcer.decide's rails for a finding in sight (the quorum: groups 0, 1, 2)."""
+        from monitor.act.decisions import Situation, decide
+
+        s = Situation(now=now, groups_in_quorum={0, 1, 2},
+                      evicted_replica_ids=self.store.evicted_replica_ids())
+        return all(not decide(f.kind, f.replica_group, f.replica_id, s, rails).evict or evict(f)
+                   for f, _ in list(self.open.values()))
 
     def clock(self) -> float:
         return self.now

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..config import MonitorConfig
+from ..config import MonitorConfig, RailsConfig
 from ..detect import Detectors, Finding
 from ..detect.liveness import DEAD_KINDS
 from ..evidence.claims import Claims
@@ -321,26 +321,32 @@ class Enforcer:
                          last_eviction_at=self.store.last_eviction_at(),
                          blind_reason=self.blindness(view))
 
-    def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
-        """Evict or hold every open finding of an evictable kind, except those out_of_sight."""
+    def decide(self, view: ClusterView, evidence: ClusterView, now: float,
+               rails: RailsConfig | None = None,
+               evict: Callable[[Finding], bool] | None = None) -> bool:
+        """Evict or hold every open finding of an evictable kind, except those out_of_sight.
+        A shard gives its own ``rails`` and ``evict`` (its proposal for the kill); False from
+        that stops the loop: then False."""
+        rails = rails or self.cfg.rails
         in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
-            if f.kind not in self.cfg.rails.evict_kinds:
-                continue  # reported only (e.g. dead)
-            if out_of_sight(evidence, f):
-                continue
+            if f.kind not in rails.evict_kinds or out_of_sight(evidence, f):
+                continue  # reported only (e.g. dead), or waiting until its group answers
             with self._lock:
                 if in_quorum is None:
                     in_quorum = in_quorum_by_replica_id(evidence)
                     drained = drained_groups(evidence, self.hosts.quarantined())
                 s = self.situation(view, evidence, now, in_quorum, drained)
-                d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)
-                if d.evict:
+                d = decide(f.kind, f.replica_group, f.replica_id, s, rails)
+                if not d.evict:
+                    self.hold(f, d)
+                elif evict is None:
                     self._last_decision[f.key] = d.reason
                     self.apply(d, f.replica_group, f.replica_id, self.finding_id(f.key),
                                f.to_dict(), "auto", view, evidence)
-                else:
-                    self.hold(f, d)
+                elif not evict(f):
+                    return False
+        return True
 
     def hold(self, f: Finding, d: Decision) -> None:
         """Record a hold of ``f``, once per reason (not every sweep it lasts)."""

@@ -1,0 +1,84 @@
+"""A shard decides its findings as the single monitor's enforcer does (monitor/shard.py,
+monitor/act/enforcer.py; docs/monitor.md, Eviction and safety rails): one decide loop, so a
+finding of a group no rank of which answers is no proposal either.
+
+One monitor of shard 0/1 in this process on a real etcd (tests/test_monitor_shard.py), simulated
+ranks (tests/support/monitor_sim.py), the Lighthouse's status faked (every group in the quorum
+and heard); swept by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
+from monitor.detect import Finding
+from monitor.lease import Etcd
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimRanks
+from tests.test_monitor_shard import running_etcd
+from tests.test_shard_rails import PREFIX, ROOT
+from tests.test_shard_standby_actions import GROUPS, _Reader
+
+
+@pytest.fixture
+def etcd_url(tmp_path):
+    with running_etcd(tmp_path) as url:
+        yield url
+
+
+def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url):
+    """Group 3's ranks stop answering; a mismatch of group 3 is open (handed in as the sweep's
+    detectors confirm one). The shard holding the slice proposes nothing for group 3 while
+    nobody sees it (a single monitor would not kill it either); once its ranks answer again,
+    it proposes the eviction, and withdraws it when they stop answering before a kill."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    etcd = Etcd(etcd_url)
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=sim.urls, job="sim",
+        lighthouse="http://127.0.0.1:1", bundles=BundleConfig(enabled=False),
+        detectors=DetectorConfig(dead_sweeps=10),  # not judged gone while the test runs
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("mismatch",)),
+        shard=ShardConfig(shards=1, index=0, etcd=etcd_url, etcd_prefix=PREFIX, lease_ttl_s=5)))
+    rid = "replica_group_3:sim"
+
+    def proposals() -> list[str]:
+        return [kv.key.rsplit("/", 1)[1] for kv in etcd.range_prefix(f"{ROOT}proposals/")]
+
+    try:
+        mon.lighthouse_reader.close()
+        mon.lighthouse_reader = _Reader()
+        for _ in range(2):
+            mon.sweep_once()
+        assert mon.cluster_json()["shard"]["acting"] is True
+        for r in sim.group(3):
+            r.set_mode("down")
+        mon.sweep_once()
+        # culprits at a step the group never reaches: not resolved while the test runs
+        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
+                    mon.clock(), mon.clock())
+        assert mon.detectors.report(f)
+        mon.enforcer.record([f], mon.clock())
+        for _ in range(2):
+            mon.sweep_once()
+        assert [g["replica_group"] for g in mon.cluster_json()["groups"]
+                if not any(r["reachable"] for r in g["ranks"])] == [3]
+        assert [x["kind"] for x in mon.enforcer.open_findings()] == ["mismatch"]
+        assert proposals() == []
+        for r in sim.group(3):
+            r.set_mode("ok")
+        for _ in range(3):
+            mon.sweep_once()
+            if proposals():
+                break
+        assert proposals() == [rid]
+        for r in sim.group(3):  # out of sight again before any leader acted: withdrawn
+            r.set_mode("down")
+        mon.sweep_once()
+        assert proposals() == []
+        assert [d["detail"] for d in mon.store.decisions(decision="withdrawn")] == [
+            "no open finding of a group this shard sees stands behind the proposal"]
+    finally:
+        mon.stop()
+        etcd.close()
+        sim.stop()
