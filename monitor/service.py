@@ -82,7 +82,6 @@ class Trouble:
         self._said_at = float("-inf")
 
     def update(self, error: str | None, now: float, exc: BaseException | None = None) -> None:
-        """``exc``: its traceback goes with the line."""
         if error and (not self.error or now - self._said_at >= WARN_EVERY_S):
             log.log(self.level, "%s: %s", self.what, error, exc_info=exc)
             self._said_at = now
@@ -379,11 +378,15 @@ class Monitor:
                 log.info("forgot %s: %s", url, f"stopped by {by}" if by else
                          "its training finished")
             else:
-                log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
-                         " (re-adopted, never answered this run; its group answers again)"
-                         if back else " (its replica was evicted)" if evicted
-                         else "" if not lost else " (lost while the job goes on)"
-                         if others_up else " (lost: no rank answers, none said the job ended)")
+                why = ""
+                if back:
+                    why = " (re-adopted, never answered this run; its group answers again)"
+                elif evicted:
+                    why = " (its replica was evicted)"
+                elif lost:
+                    why = " (lost while the job goes on)" if others_up else \
+                        " (lost: no rank answers, none said the job ended)"
+                log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s, why)
             if lost:
                 self.metrics.ranks_lost.labels(self.cfg.job).inc()
         return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts
@@ -493,27 +496,30 @@ class Monitor:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()
             url = redact_entry(str(body.get("url")))[:200] if isinstance(body, dict) else None
-            window = int(self.clock() // REFUSAL_EVERY_S)
-            if window != self._refused_in:  # a new window: each refusal said again
-                self._refused, self._refused_in = set(), window
             # an unauthorized one's URL is only the caller's claim: said once a window for
             # each address it comes from (a rank with a stale token, a scanner)
             key = (outcome, client) if isinstance(e, Unauthorized) else (url, outcome, str(e))
-            if key not in self._refused and not isinstance(e, OtherJob):  # (said by Discovery)
-                if len(self._refused) < REFUSALS_SAID:
-                    self._refused.add(key)
-                    log.info("registration of %s%s refused (%s): %s", url,
-                             f" from {client}" if client else "", outcome, e)
-                elif len(self._refused) == REFUSALS_SAID:
-                    self._refused.add(("full",))
-                    until = time.strftime("%Y-%m-%d %H:%M:%S UTC",
-                                          time.gmtime((window + 1) * REFUSAL_EVERY_S))
-                    log.warning("%d refused registrations logged within %d minutes: further "
-                                "refusals not logged until %s", REFUSALS_SAID,
-                                REFUSAL_EVERY_S // 60, until)
+            if not isinstance(e, OtherJob):  # (said by Discovery)
+                self._say_refused(key, "registration of %s%s refused (%s): %s", url,
+                                  f" from {client}" if client else "", outcome, e)
             raise
         self.metrics.registrations.labels(self.cfg.job, "accepted").inc()
         return target
+
+    def _say_refused(self, key: tuple, *line: Any) -> None:
+        """Says ``line`` once a REFUSAL_EVERY_S window per ``key``, REFUSALS_SAID keys at most."""
+        window = int(self.clock() // REFUSAL_EVERY_S)
+        if window != self._refused_in:  # a new window: each refusal said again
+            self._refused, self._refused_in = set(), window
+        if key in self._refused or len(self._refused) > REFUSALS_SAID:
+            return
+        self._refused.add(key)
+        if len(self._refused) <= REFUSALS_SAID:
+            log.info(*line)
+            return
+        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime((window + 1) * REFUSAL_EVERY_S))
+        log.warning("%d refused registrations logged within %d minutes: further refusals not "
+                    "logged until %s", REFUSALS_SAID, REFUSAL_EVERY_S // 60, until)
 
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]:
         """``POST /v1/evict`` of the replica id the group's verified ranks report; on a shard,
