@@ -47,7 +47,7 @@ def test_fqdn_hosts_and_two_jobs_on_one_node(slurm, monkeypatch):
     assert node("n1") == ("IDLE", "")
     # a name Slurm knows neither whole nor short stays refused, nothing drained
     bad = sink.quarantine({**alpha, "node": "n9.cluster.local"})
-    assert not bad.ok and not bad.retry and "Invalid node name" in bad.detail
+    assert not bad.ok and not bad.retry and "unknown to Slurm" in bad.detail
     assert [node(n)[0] for n in ("n1", "n2")] == ["IDLE", "IDLE"]
 
 

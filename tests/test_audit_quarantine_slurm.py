@@ -202,7 +202,7 @@ def test_a_node_slurm_does_not_know_is_released_and_alerts_no_more(job, tmp_path
         kill_rank_of_group_1(job)
         wait_until(lambda: last_action(mon, "h1").get("status") == "failed", 30,
                    what="h1's drain refused")
-        assert "Invalid node name" in last_action(mon, "h1")["detail"]
+        assert "unknown to Slurm" in last_action(mon, "h1")["detail"]
         failed = 'lightkeeper_monitor_host_action_failed{host="h1",job="sim",sink="slurm"} 1.0'
         wait_until(lambda: failed in requests.get(mon.url + "/metrics", timeout=5).text, 10,
                    what="the failed action on /metrics")

@@ -324,7 +324,7 @@ def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
          "Reason=lightkeeper(j): dead_rank finding 7 replica_group 2"],
         ["update", "NodeName=node-1", "State=UNDRAIN"]]
     res = sink.quarantine({**EVENT, "node": "bad-node"})
-    assert not res.ok and "Invalid node name" in res.detail
+    assert not res.ok and "unknown to Slurm" in res.detail
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     res = sink.quarantine(EVENT)
     assert not res.ok and not res.retry and "not found" in res.detail
@@ -714,7 +714,7 @@ def test_slurm_sink_against_a_real_controller(slurm, monkeypatch):
     assert rel.ok, (rel.detail, shown)
     assert "DRAIN" not in node().split("State=")[1].split()[0]
     bad = sink.quarantine({**EVENT, "node": "no-such-node"})
-    assert not bad.ok and not bad.retry and "Invalid node name" in bad.detail
+    assert not bad.ok and not bad.retry and "unknown to Slurm" in bad.detail
 
 
 def test_slurm_sink_drains_one_node_never_a_hostlist_or_all(slurm, monkeypatch):

@@ -1,6 +1,7 @@
 """The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
 fixture: nodes ``n1``, ``n2``; root only): the release of a node Slurm does not know, and two
-jobs' monitors writing one node's drain at the same time."""
+jobs' monitors writing one node's drain at the same time, a node named by its NodeHostname
+and a release by a job the drain does not list."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tests import test_hosts_sinks
 
 slurm = test_hosts_sinks.slurm
 EVENT = test_hosts_sinks.EVENT
+UNKNOWN = ("node {} unknown to Slurm by that name or its first label; give the ranks "
+           "NODE_NAME=$SLURMD_NODENAME")
 
 
 def node(name: str) -> tuple[bool, str]:
@@ -33,7 +36,7 @@ def test_a_release_of_a_node_slurm_does_not_know_is_done(slurm, monkeypatch):
     sink = SlurmSink()
     for name in ("n9", "n9.cluster.local"):
         bad = sink.quarantine({**EVENT, "node": name})
-        assert not bad.ok and not bad.retry and "Invalid node name" in bad.detail
+        assert not bad.ok and not bad.retry and bad.detail == UNKNOWN.format(name), bad.detail
         res = sink.release({**EVENT, "event": "release", "node": name})
         assert res.ok and res.detail == f"node {name} unknown to Slurm, nothing to release", \
             res.detail
@@ -92,3 +95,52 @@ exec {real} "$@"
     assert node("n1") == (True, "lightkeeper(a): still quarantined by a")
     assert sink.release({**ev["a"], "event": "release"}).ok
     assert node("n1") == (False, "")
+
+
+def test_a_node_named_by_its_node_hostname_is_never_updated(slurm, monkeypatch):
+    """The fixture's nodes have ``NodeHostname=localhost``: ``show node localhost`` finds none,
+    yet ``update NodeName=localhost`` drains n1. The quarantine sends no update (its read-back
+    could never find the node: retried for ever, an operator's reason rewritten each time, and
+    the release would leave n1 drained): it fails for good, saying how to name the node."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    alias = {**EVENT, "node": "localhost"}
+    for held in ("", "operator: bad DIMM"):
+        if held:
+            subprocess.run(["scontrol", "update", "NodeName=n1", "State=DRAIN",
+                            f"Reason={held}"], check=True)
+        res = sink.quarantine(alias)
+        assert not res.ok and not res.retry and res.detail == UNKNOWN.format("localhost"), \
+            res.detail
+        assert node("n1") == (bool(held), held) and node("n2") == (False, "")
+        res = sink.release({**alias, "event": "release"})
+        assert res.ok and res.detail == "node localhost unknown to Slurm, nothing to release"
+        assert node("n1") == (bool(held), held)
+
+
+def test_a_release_by_a_job_the_drain_does_not_list_leaves_it(slurm, monkeypatch):
+    """Job b drained n2; a release by job c (a host saved by an older version, released by a
+    monitor run under another --job), or b's release repeated after a's, sends no update: b's
+    finding stays b's reason and a's drain stays, and the release is done, naming who holds
+    the node."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    b = {**EVENT, "node": "n2", "job": "b", "finding": {"id": 9, "replica_group": 1}}
+    assert sink.quarantine(b).ok
+    held = (True, "lightkeeper(b): dead_rank finding 9 replica_group 1")
+    assert node("n2") == held
+    res = sink.release({**b, "event": "release", "job": "c"})
+    assert res.ok and res.detail == "node n2 drained by b, not by job c: left as it is", \
+        res.detail
+    assert node("n2") == held
+    assert sink.quarantine({**b, "job": "a"}).ok
+    assert sink.release({**b, "event": "release"}).ok
+    assert node("n2") == (True, "lightkeeper(a): still quarantined by a")
+    res = sink.release({**b, "event": "release"})  # b's again
+    assert res.ok and res.detail == "node n2 drained by a, not by job b: left as it is", \
+        res.detail
+    assert node("n2") == (True, "lightkeeper(a): still quarantined by a")
+    assert sink.release({**b, "event": "release", "job": "a"}).ok
+    assert node("n2") == (False, "")

@@ -120,7 +120,7 @@ def test_a_node_slurm_does_not_know_is_still_looked_up_by_its_first_label(slurm)
     assert res.ok, res.detail
     assert slurm.node() == ("IDLE+DRAIN", "lightkeeper(jobA): hang finding 3 replica_group 1")
     res = SlurmSink(timeout_s=5).quarantine({**EVENT, "node": "n9.cluster.local"})
-    assert not res.ok and not res.retry and "Invalid node name" in res.detail, res.detail
+    assert not res.ok and not res.retry and "unknown to Slurm" in res.detail, res.detail
 
 
 def _hashed(job: str) -> str:

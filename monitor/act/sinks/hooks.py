@@ -159,7 +159,10 @@ class SlurmSink:
         if found is None:  # known by neither name
             if what is None:  # nothing drained there, as for k8s's release of a deleted node
                 return ActionResult(True, f"node {node} unknown to Slurm, nothing to release")
-            found = node, None, None  # the update says why: Invalid node name
+            # no update: Slurm takes a NodeHostname there, draining a node no read-back finds
+            return ActionResult(False, f"node {node} unknown to Slurm by that name or its first "
+                                       "label; give the ranks NODE_NAME=$SLURMD_NODENAME",
+                                retry=False)
         node, held, reason = found
         m = DRAINED_BY.fullmatch(reason or "")
         if held is not None and (held == "failed" or m is None):
@@ -178,6 +181,9 @@ class SlurmSink:
             # an older version wrote the fold alone (``team_a`` for ``team/a``): that entry is
             # this job's only while its own is absent (with it, the fold is job team_a's)
             mine = job if job in jobs else folded
+            if jobs and mine not in jobs:  # released already, or never this job's drain
+                return ActionResult(True, f"node {node} drained by {','.join(sorted(jobs))}, "
+                                          f"not by job {raw}: left as it is")
             jobs.discard(mine)
             what = f"still quarantined by {','.join(sorted(jobs))}" if jobs else None
         args = ["State=UNDRAIN"] if what is None else \
