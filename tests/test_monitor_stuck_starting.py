@@ -165,6 +165,37 @@ def test_a_left_out_group_stays_named_through_a_sweep_its_ranks_do_not_answer():
     assert [f for f in det.resolved_findings() if f.kind == "stuck_starting"] == []
 
 
+@pytest.mark.parametrize("case", ["ended", "heartbeating", "monitor_cut_off"])
+def test_a_left_out_group_none_of_whose_ranks_answers_for_dead_sweeps_left_the_job(case):
+    """Its ranks ended (evicted with exit, or by hand) and static targets keep them polled: the
+    finding closes `left_job` once none answered for --dead-sweeps sweeps, not on one missed
+    sweep; not while the Lighthouse still hears the group, nor while the monitor reaches no
+    group (it may be the one cut off)."""
+    job, det = left_out_job()
+    hb = {f"replica_group_{g}:sim": 0.1 for g in range(3)}
+
+    def lh(t):
+        return LighthouseStatus(4, status(4, g0=t // 5, g2=t // 5).members, hb) \
+            if case == "heartbeating" else None
+
+    for t in range(0, 35, 5):
+        sweep(det, job, t, lighthouse=lh(t))
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    job.down = set(range(6)) if case == "monitor_cut_off" else set(job.members(1))
+    gone = 35 + 5 * (det.cfg.dead_sweeps - 1)  # its --dead-sweeps-th sweep unanswered
+    for t in range(35, gone, 5):
+        assert sweep(det, job, t, lighthouse=lh(t)) == []
+        assert named(det) == [(1, [2, 3], "replica_group_1:sim")], t
+    for t in range(gone, gone + 30, 5):
+        sweep(det, job, t, lighthouse=lh(t))
+    closed = [(f.replica_group, f.resolution) for f in det.resolved_findings()
+              if f.kind == "stuck_starting"]
+    if case == "ended":
+        assert named(det) == [] and closed == [(1, "left_job")]
+    else:
+        assert named(det) == [(1, [2, 3], "replica_group_1:sim")] and closed == []
+
+
 def test_a_left_out_group_is_held_only_while_every_rank_saves_under_the_checkpoint_timeout():
     job = Job(groups=3, ranks=2)
     det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT, checkpoint_timeout_s=40.0))
@@ -202,6 +233,38 @@ def test_a_group_without_a_first_quorum_in_its_forward_pass_is_not_blamed_on_the
     else:
         assert whys == {"the Manager exists but no quorum was formed (Lighthouse unreachable, "
                         "or the group's other ranks never asked)"}
+
+
+def test_a_rank_without_a_first_quorum_missing_a_poll_keeps_its_clock_and_finding():
+    """A busy process times out a poll or two: its clock runs on and its finding stays open
+    (no `started`); unreachable for --dead-sweeps sweeps, its group left the job."""
+    job = Job(groups=3, ranks=1)
+    det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT))
+    job.states[1].update(quorum_id=-1, replica_id=None, phase="starting", step=0)
+
+    def sweep(t, down=()):
+        job.down = set(down)
+        for r in (0, 2):
+            job.states[r].update(quorum_id=4, step=job.states[r]["step"] + 1,
+                                 last_step_at=T0 + t)
+        found = det.update(job.view(T0 + t), None, T0 + t)
+        assert det.last_error is None
+        return [(f.replica_group, f.first_seen) for f in found if f.kind == "stuck_starting"]
+
+    for t in range(0, 30, 5):
+        assert sweep(t, down={1} if t == 15 else ()) == [], t
+    assert sweep(30) == [(1, T0)]  # its clock from T0, through the missed poll
+    back = 35 + 5 * (det.cfg.dead_sweeps - 1)
+    for t in range(35, back, 5):
+        assert sweep(t, down={1}) == [], t
+        assert named(det) == [(1, [1], None)], t
+    assert sweep(back) == [] and named(det) == [(1, [1], None)]
+    assert [f for f in det.resolved_findings() if f.kind == "stuck_starting"] == []
+    for t in range(back + 5, back + 5 + 5 * det.cfg.dead_sweeps, 5):
+        sweep(t, down={1})
+    assert named(det) == []
+    assert [(f.replica_group, f.resolution) for f in det.resolved_findings()
+            if f.kind == "stuck_starting"] == [(1, "left_job")]
 
 
 @pytest.mark.parametrize("case", ["short", "stalled", "one_step", "new_incarnation", "held"])

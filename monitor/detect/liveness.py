@@ -346,9 +346,13 @@ class Liveness:
             if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
                 continue
             starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
-        for ident in self._starting:  # a rank not polled now: as its last poll said
+        # a rank not polled now, or that missed fewer than --dead-sweeps polls (a busy
+        # process): as its last poll said, its clock kept
+        for ident in self._starting:
             r = full.ranks.get(ident[0])
-            if r is not None and not r.fresh and r.reachable and r.replica_group is not None:
+            if r is not None and r.replica_group is not None and (
+                    r.reachable and not r.fresh or not r.reachable and not r.superseded
+                    and r.failures < self.cfg.dead_sweeps):
                 starting.setdefault(r.url, ident)
         seen = set(starting.values())
         stuck: dict[int, list[RankView]] = {}
@@ -362,14 +366,20 @@ class Liveness:
         left, still = self._left_out.judge(view, now, set(stuck), lighthouse) if view is not None \
             else ({}, set())
         # one left out stays named until it steps or takes part again, whether judged this
-        # sweep or not (held, the others stalled, its ranks not answering); a new incarnation
-        # replaces it (its clock starts afresh)
+        # sweep or not (held, the others stalled, a blip of its ranks); a new incarnation
+        # replaces it (its clock starts afresh); a group none of whose ranks answered for
+        # --dead-sweeps sweeps left the job (ended), unless the monitor may be the one cut off
+        seen_any = any(v.reachable for v in full.groups.values())
         for key, f in [(k, f) for k, f in findings.open.items() if k[0] == "stuck_starting"
                        and k[1] in full.groups]:
             g, left_out = key[1], f.evidence.get("shape") == "left_out"
-            gv = view.groups.get(g) if view is not None else None
+            gv, fg = view.groups.get(g) if view is not None else None, full.groups[g]
             if left_out and gv is not None and gv.replica_id not in (None, key[2]):
                 findings.resolve(key, "replaced", now)
+            elif seen_any and not fg.reachable and all(
+                    r.ended or r.failures >= self.cfg.dead_sweeps for r in fg.ranks) and not (
+                    lighthouse is not None and lighthouse.heartbeating(key[2] or "")):
+                findings.resolve(key, "left_job", now)
             elif g not in stuck and not (left_out and g in still):
                 findings.resolve(key, "started", now)
         for lo in left.values():
