@@ -14,7 +14,7 @@ from typing import Any
 
 from http_serving import redact_url
 
-from .act.decisions import blind_reason
+from .act.enforcer import blindness_of
 from .config import ShardConfig
 from .lease import KV, Etcd, EtcdError, SessionLease, created_never, leased_by, modified_at
 from .shard_leader import Leader, _audit, _by_rid, _is_proposal
@@ -171,8 +171,7 @@ class Shards:
             if self.acting():
                 self._propose_findings(view, evidence, now, records)
             self._mirror_evictions(records)
-            blind = blind_reason(mon.blind_reason(), evidence.reachable_fraction
-                                 if evidence.ranks else 1.0, mon.cfg.rails,
+            blind = blindness_of(evidence, mon.blind_reason(), mon.cfg.rails,
                                  f"shard {self.cfg.index}")
             self._report(self.session.lease, {  # granted anew if it lapsed while proposing
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,

@@ -383,12 +383,11 @@ def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_e
 
     from lightkeeper.processes import wait_until
     from monitor.shard import Leader, Shards
-    from tests.test_monitor_shard import _Monitor
+    from tests.test_monitor_shard import _Monitor, swept
 
     mon = _Monitor("http://127.0.0.1:1", "/lk", 0)  # nothing listens on port 1
     shard = Shards(mon.shard_cfg, mon)
-    shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
-        ranks={}, reachable_fraction=1.0, groups={}), mon.now)
+    shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), mon.now)
     leader = Leader(mon.shard_cfg, mon, "/lk/sim/")
     leader.start()
     try:

@@ -822,6 +822,14 @@ class _Monitor:
         return self.open[f.key][1]
 
 
+def swept(up: int = 1):
+    """A sweep's evidence as ``Shards.after_sweep`` reads it: one verified rank known, ``up``
+    of it reachable (none known is blind)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(evidence_view=None, counts=(1, up, {}), groups={})
+
+
 @pytest.fixture
 def sharded(etcd):
     """Shard 0 of 1 (its monitor ``.mon``) and a leader (``.leader_mon``) on the real etcd, the
@@ -844,8 +852,7 @@ def sharded(etcd):
 
     def sweep():
         h.mon.sweeps += 1
-        h.shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
-            ranks={}, reachable_fraction=1.0, groups={}), h.mon.now)
+        h.shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), h.mon.now)
         assert h.shard.error is None
 
     def tick():  # one tick of Leader.run, on this thread: the test orders it with the sweeps
@@ -1254,7 +1261,7 @@ def test_a_shard_waits_a_third_of_the_lease_before_asking_a_hung_etcd_again(tmp_
     mon = _Monitor(f"http://127.0.0.1:{hole.getsockname()[1]}", "/lk", 0)
     shard = Shards(mon.shard_cfg, mon)  # lease TTL 5 s
     view = SimpleNamespace(ranks={}, groups={})
-    evidence = SimpleNamespace(ranks={}, reachable_fraction=1.0, groups={})
+    evidence = swept()
     try:
         shard.after_sweep(view, evidence, mon.now)
         assert shard.error and len(accepted) == 1
@@ -1291,12 +1298,12 @@ def test_a_shard_reads_what_the_other_shards_ranks_answer_as(etcd):
     ranks = {1: [SimpleNamespace(replica_id="replica_group_1:x"),
                  SimpleNamespace(replica_id=None)]}
 
-    def sweep(i: int, reachable: float = 1.0) -> None:
+    def sweep(i: int, reachable: int = 1) -> None:
         groups = {g: SimpleNamespace(reported_replica_ids=frozenset(r.replica_id for r in rs))
                   for g, rs in ranks.items()} if i == 1 else {}
         polled = {"http://127.0.0.1:1": None}  # its slice has ranks
-        shards[i].after_sweep(SimpleNamespace(ranks=polled, groups=groups), SimpleNamespace(
-            ranks=polled, reachable_fraction=reachable, groups={}), mons[i].now)
+        shards[i].after_sweep(SimpleNamespace(ranks=polled, groups=groups), swept(reachable),
+                              mons[i].now)
         assert shards[i].error is None
 
     try:
@@ -1308,7 +1315,7 @@ def test_a_shard_reads_what_the_other_shards_ranks_answer_as(etcd):
         ranks[1] = []  # its ranks no longer answer
         sweep(1)
         assert shards[0].reported_elsewhere() == (set(), True)
-        sweep(1, reachable=0.0)  # blind: cut off from its slice, it vouches for nothing
+        sweep(1, reachable=0)  # blind: cut off from its slice, it vouches for nothing
         assert shards[0].reported_elsewhere() == (set(), False)
     finally:
         for s, m in zip(shards, mons, strict=True):
@@ -1346,8 +1353,7 @@ def test_an_etcd_that_answers_an_error_at_once_is_asked_again_next_sweep():
     shard = Shards(mon.shard_cfg, mon)
     try:
         for _ in range(2):
-            shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
-                ranks={}, reachable_fraction=1.0, groups={}), mon.now)
+            shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), mon.now)
             assert shard.error and "HTTP 503" in shard.error
         assert len(asked) == 2, asked
     finally:

@@ -1,6 +1,6 @@
 """A shard decides its findings as the single monitor's enforcer does (monitor/shard.py,
 monitor/act/enforcer.py; docs/monitor.md, Eviction and safety rails): one decide loop, so a
-finding of a group no rank of which answers is no proposal either.
+finding of a group no rank of which answers is no proposal either, and one blindness rule.
 
 One monitor of shard 0/1 in this process on a real etcd (tests/test_monitor_shard.py), simulated
 ranks (tests/support/monitor_sim.py), the Lighthouse's status faked (every group in the quorum
@@ -27,6 +27,50 @@ def etcd_url(tmp_path):
         yield url
 
 
+def _shard0(tmp_path, sim: SimRanks, etcd_url: str, **rails) -> Monitor:
+    """Shard 0/1 on the real etcd, its ranks ``sim``'s; --dead-sweeps 10: no group is judged
+    gone while a test runs."""
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=sim.urls, job="sim",
+        lighthouse="http://127.0.0.1:1", bundles=BundleConfig(enabled=False),
+        detectors=DetectorConfig(dead_sweeps=10),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, **rails),
+        shard=ShardConfig(shards=1, index=0, etcd=etcd_url, etcd_prefix=PREFIX, lease_ttl_s=5)))
+    mon.lighthouse_reader.close()
+    mon.lighthouse_reader = _Reader()
+    return mon
+
+
+def test_a_shard_that_knows_no_verified_rank_reports_itself_blind(tmp_path, etcd_url):
+    """None of its ranks answers yet (none verified): the shard is blind, as the single
+    monitor's rails are (nothing shows it is not the one cut off), and its report says so, so
+    the leader holds every kill. Once they answer, it is not."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    for r in sim.ranks:
+        r.set_mode("down")
+    etcd = Etcd(etcd_url)
+    mon = _shard0(tmp_path, sim, etcd_url)
+
+    def reported_blind() -> str | None:
+        return etcd.get(f"{ROOT}shards/0").json()["blind"]
+
+    try:
+        mon.sweep_once()
+        assert reported_blind() == \
+            "shard 0 reaches only 0% of the ranks it knows; it may be the problem"
+        for r in sim.ranks:
+            r.set_mode("ok")
+        for _ in range(3):
+            mon.sweep_once()
+            if reported_blind() is None:
+                break
+        assert reported_blind() is None
+    finally:
+        mon.stop()
+        etcd.close()
+        sim.stop()
+
+
 def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url):
     """Group 3's ranks stop answering; a mismatch of group 3 is open (handed in as the sweep's
     detectors confirm one). The shard holding the slice proposes nothing for group 3 while
@@ -34,20 +78,13 @@ def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url
     it proposes the eviction, and withdraws it when they stop answering before a kill."""
     sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
     etcd = Etcd(etcd_url)
-    mon = Monitor(MonitorConfig(
-        port=0, state_path=str(tmp_path / "m.sqlite"), targets=sim.urls, job="sim",
-        lighthouse="http://127.0.0.1:1", bundles=BundleConfig(enabled=False),
-        detectors=DetectorConfig(dead_sweeps=10),  # not judged gone while the test runs
-        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("mismatch",)),
-        shard=ShardConfig(shards=1, index=0, etcd=etcd_url, etcd_prefix=PREFIX, lease_ttl_s=5)))
+    mon = _shard0(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
     rid = "replica_group_3:sim"
 
     def proposals() -> list[str]:
         return [kv.key.rsplit("/", 1)[1] for kv in etcd.range_prefix(f"{ROOT}proposals/")]
 
     try:
-        mon.lighthouse_reader.close()
-        mon.lighthouse_reader = _Reader()
         for _ in range(2):
             mon.sweep_once()
         assert mon.cluster_json()["shard"]["acting"] is True

@@ -16,7 +16,7 @@ import pytest
 from monitor.config import RailsConfig
 from monitor.lease import KV, LeaderLease, SessionLease
 from monitor.shard import Leader, Shards
-from tests.test_monitor_shard import _Lighthouse, _Monitor
+from tests.test_monitor_shard import _Lighthouse, _Monitor, swept
 
 PREFIX = "/lk"
 ROOT = f"{PREFIX}/sim/"
@@ -214,8 +214,7 @@ def _shard(etcd: MemEtcd, mon: _Monitor) -> SimpleNamespace:
 
     def sweep():
         mon.sweeps += 1
-        shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
-            ranks={}, reachable_fraction=1.0, groups={}), mon.now)
+        shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), mon.now)
         assert shard.error is None
 
     return SimpleNamespace(shard=shard, sweep=sweep)

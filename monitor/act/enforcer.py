@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..config import MonitorConfig, RailsConfig
@@ -54,6 +54,23 @@ def out_of_sight(evidence: ClusterView, f: Finding) -> bool:
         return False
     gv = evidence.groups.get(f.replica_group)
     return gv is None or not gv.reachable
+
+
+def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig,
+                 who: str = "the monitor", gone: Collection[str] = (),
+                 heard: bool = False) -> str | None:
+    """Why nobody may be blamed now (decisions.blind_reason), by the verified ranks of ``view``
+    less the groups of the replica ids ``gone``, for the monitor and each shard alike. Knowing
+    none is blind too (nothing shows ``who`` is not the one cut off), unless ``heard``: the
+    Lighthouse was read, and its word alone says whether a replica is gone."""
+    ev = view.evidence_view or view
+    known, up, _ = ev.counts
+    for gv in ev.groups.values():
+        if gv.replica_id in gone:
+            known, up = known - len(gv.ranks), up - len(gv.reachable)
+    if known <= 0 and heard:
+        return blind
+    return blind_reason(blind, up / known if known > 0 else 0.0, rails, who)
 
 
 class Enforcer:
@@ -190,8 +207,7 @@ class Enforcer:
         """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
         more than ``--min-reachable`` of them (it may be the one cut off); None: neither."""
         # of the verified ranks: addresses anyone may register must not hold every eviction
-        ev = view.evidence_view or view
-        return blind_reason(self.blind(), ev.reachable_fraction, self.cfg.rails)
+        return blindness_of(view, self.blind(), self.cfg.rails)
 
     def cut_off(self, view: ClusterView, lighthouse: LighthouseStatus | None) -> str | None:
         """The reach half of :meth:`blindness`, only while the Lighthouse still hears a group
@@ -201,23 +217,14 @@ class Enforcer:
                 gv.replica_id and not gv.reachable and lighthouse.heartbeating(gv.replica_id)
                 for gv in ev.groups.values()):
             return None
-        return blind_reason(None, ev.reachable_fraction, self.cfg.rails)
+        return blindness_of(view, None, self.cfg.rails)
 
     def blind_to_kills(self, view: ClusterView,
                        lighthouse: LighthouseStatus | None = None) -> str | None:
         """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
-        because of the monitor's own kills). With no other rank known, only ``blind()`` counts
-        when ``lighthouse`` is given: its word alone says whether a replica is gone."""
-        ev = view.evidence_view or view
-        gone = self.store.told_to_go_replica_ids()
-        known, up, _ = ev.counts
-        for gv in ev.groups.values():
-            if gv.replica_id in gone:
-                known, up = known - len(gv.ranks), up - len(gv.reachable)
-        if known <= 0 and lighthouse is not None:
-            return self.blind()
-        # no other rank known (none verified yet, say): nothing shows the monitor is not cut off
-        return blind_reason(self.blind(), up / known if known > 0 else 0.0, self.cfg.rails)
+        because of the monitor's own kills), ``lighthouse`` heard when given."""
+        return blindness_of(view, self.blind(), self.cfg.rails,
+                            gone=self.store.told_to_go_replica_ids(), heard=lighthouse is not None)
 
     def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
