@@ -184,9 +184,6 @@ class QuarantineConfig:
                          "decide and log quarantines, carry none out")
     actions: tuple[str, ...] = ()  # k8s, slurm, exec:CMD, webhook:URL
     action_timeout_s: float = flag(10.0, "--action-timeout", "seconds per action attempt")
-    # per action; retried with backoff 2 s, 4 s, ... then every 5 min (None: until it is done
-    # or a later action for its host overtakes it: an outage must not lose a cordon or drain)
-    max_attempts: int | None = None
     webhook_secret: str | None = None
     k8s_namespace: str | None = flag(None, "--k8s-namespace",
                                      "namespace of the job's pods (default: the monitor pod's)")
@@ -210,7 +207,6 @@ class QuarantineConfig:
                 raise ConfigError(f"--quarantine-after {k}={n!r}: expected a count >= 0 "
                                   "(0: never)")
         _at_least(self, 0, "window_s", "ttl_s", "action_timeout_s", strict=True)
-        _at_least(self, 1, "max_attempts")
         if self.max_quarantined <= 0 or (self.max_quarantined >= 1
                                          and self.max_quarantined != int(self.max_quarantined)):
             raise ConfigError("--max-quarantined: a whole count >= 1 or a fraction in (0, 1), "
@@ -292,7 +288,6 @@ class ShardConfig:
     etcd_prefix: str = flag("/lightkeeper", "--etcd-prefix",
                             "etcd key prefix; the job's keys are under PREFIX/<job>/")
     lease_ttl_s: int = flag(10, "--lease-ttl", "seconds of the leader's and shards' etcd leases")
-    resend_after_s: float | None = None  # None: 3 Lighthouse heartbeat timeouts
 
     def validate(self, interval_s: float) -> None:
         if self.shards < 1:

@@ -58,8 +58,8 @@ class Leader(threading.Thread):
         # (replica id, failed record's revision) -> the first report since, of a shard that does
         # not say which records its sweep read
         self._reported_after: dict[tuple[str, int], int] = {}
-        hb_s = (monitor.cfg.lighthouse_heartbeat_timeout_ms or 5000) / 1000.0
-        self.resend_after_s = cfg.resend_after_s if cfg.resend_after_s is not None else 3 * hb_s
+        # a kill left in flight is lost once its replica still heartbeats 3 timeouts later
+        self.resend_after_s = 3 * (monitor.cfg.lighthouse_heartbeat_timeout_ms or 5000) / 1000.0
         self._stopping = threading.Event()  # not _stop: threading.Thread has one
 
     def stop(self) -> None:

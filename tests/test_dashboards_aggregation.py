@@ -150,7 +150,7 @@ def test_panel_texts_name_every_poll_error_reason_and_registration_outcome():
         assert reason in panels["Poll errors by reason"], reason
     for outcome in ("accepted", *REFUSALS.values()):
         assert outcome in panels["Rank registrations by outcome"], outcome
-    # retried until done (QuarantineConfig.max_attempts None, no flag): no attempt cap told
+    # retried until done (no attempt cap): none told
     assert "attempts" not in panels["Failing host actions by sink"]
 
 

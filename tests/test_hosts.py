@@ -196,11 +196,11 @@ def test_a_failed_release_stays_exported_once_its_host_is_ok(tmp_path):
 
     clock = Clock()
     sink = RecordingSink(fail=0)
-    led = ledger(tmp_path, clock, [sink], window_s=100, max_attempts=1)
+    led = ledger(tmp_path, clock, [sink], window_s=100)
     led.record([finding("hang", "h1", 1)], clock())
     led.decide(clock(), None, 10)
     led.run_actions(clock())
-    sink.fail = len(sink.calls) + 1  # the release fails
+    sink.fail, sink.retry = len(sink.calls) + 1, False  # the release refused: not retried
     led.release("h1", "fixed")
     led.run_actions(clock())
     clock.t += 101
@@ -264,7 +264,9 @@ def test_ttl_expiry_and_manual_release_queue_releases(tmp_path):
     assert led.decide(clock() + 2, None, 10)[0]["host"] == "h1"
 
 
-def test_failing_action_retried_with_backoff_then_failed_never_raises(tmp_path):
+def test_failing_action_retried_with_backoff_until_done_never_raises(tmp_path):
+    """Retried until done, however long (an outage must not lose a cordon); a refusal (not
+    retryable) fails at once."""
     clock = Clock()
 
     class Raising(RecordingSink):
@@ -272,7 +274,7 @@ def test_failing_action_retried_with_backoff_then_failed_never_raises(tmp_path):
             raise RuntimeError("sink bug")
 
     flaky, broken = RecordingSink("flaky", fail=2), Raising("broken")
-    led = ledger(tmp_path, clock, [flaky, broken], max_attempts=3)
+    led = ledger(tmp_path, clock, [flaky, broken])
     led.record([finding("hang", "h1", 1)], clock())
     led.decide(clock(), None, 10)
     assert led.run_actions(clock()) == 2
@@ -286,7 +288,8 @@ def test_failing_action_retried_with_backoff_then_failed_never_raises(tmp_path):
     led.run_actions(clock())
     acts = {a["sink"]: a for a in led.store.host_actions()}
     assert (acts["flaky"]["status"], acts["flaky"]["attempts"]) == ("done", 3)
-    assert (acts["broken"]["status"], acts["broken"]["attempts"]) == ("failed", 3)
+    assert (acts["broken"]["status"], acts["broken"]["attempts"]) == ("retrying", 3)
+    assert acts["broken"]["next_at"] == pytest.approx(clock() + 8, abs=1e-6)
     assert "RuntimeError: sink bug" in acts["broken"]["detail"]
     # not retryable: given up at once
     led2 = ledger(tmp_path / "b", clock, [RecordingSink("no", fail=9, retry=False)])

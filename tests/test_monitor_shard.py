@@ -554,8 +554,9 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
         sd_out=str(tmp_path / "m.json"), job="sim", lighthouse=job.url, targets=job.sim.urls,
         token="t0ken", detectors=DetectorConfig(dead_sweeps=2),
         rails=RailsConfig(min_replicas=1, cooldown_s=0),
+        lighthouse_heartbeat_timeout_ms=1000,  # SimJob's: a kill in flight is lost 3 s on
         shard=ShardConfig(shards=2, index=0, etcd=etcd, lead=True, etcd_prefix=prefix,
-                          lease_ttl_s=2, resend_after_s=1.5))).start()
+                          lease_ttl_s=2))).start()
     try:
         wait_until(lambda: mon.cluster_json()["shard"]["leading"], 15, what="leadership")
         led_at = time.time()
@@ -598,7 +599,7 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
         assert ("hold", "stale_proposal") in stale and {d for d, _ in stale} == {"hold"}
         resent = k[f"evictions/{rid[mine[1]]}"]["value"]
         assert (resent["state"], resent["attempt"]) == ("sent", 2)
-        assert resent["at"] - led_at >= 1.0  # not before the grace
+        assert resent["at"] - led_at >= 2.0  # not before the grace (3 s)
         assert k[f"proposals/{rid[mine[0]]}"]["value"]["manual"] is True
         assert k[f"evictions/{rid[mine[0]]}"]["value"]["state"] == "sent"
         n = mon.sweeps

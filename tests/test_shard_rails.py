@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import monitor.shard_leader
 from monitor.config import RailsConfig
 from monitor.lease import KV, LeaderLease, SessionLease
 from monitor.shard import Leader, Shards
@@ -85,18 +86,23 @@ class MemEtcd:
 
 def _monitor(rails: RailsConfig, shards: int = 1, index: int | None = 0) -> _Monitor:
     mon = _Monitor("http://127.0.0.1:1", PREFIX, index)
-    mon.shard_cfg = dataclasses.replace(mon.shard_cfg, shards=shards, resend_after_s=0.0)
+    mon.shard_cfg = dataclasses.replace(mon.shard_cfg, shards=shards)
     mon.cfg = dataclasses.replace(mon.cfg, rails=rails, shard=mon.shard_cfg)
     return mon
 
 
-def _leader(etcd: MemEtcd, mon: _Monitor, lighthouse: _Lighthouse) -> Leader:
+def _leader(etcd: MemEtcd, mon: _Monitor, lighthouse: _Lighthouse,
+            grace: bool = False) -> Leader:
+    """``grace``: a kill left in flight is lost only 3 heartbeat timeouts on (the product's),
+    else at first sight (the grace is tested once, below)."""
     leader = Leader(mon.shard_cfg, mon, ROOT)
     for conn in (leader.etcd, leader.lighthouse, leader.reader):
         conn.close()
     leader.etcd = etcd
     leader.election = LeaderLease(etcd, ROOT + "leader", {"name": "leader"}, 5)
     leader.lighthouse = leader.reader = lighthouse
+    if not grace:
+        leader.resend_after_s = 0.0
     return leader
 
 
@@ -159,19 +165,24 @@ def test_a_kill_lost_in_flight_is_sent_again_only_through_the_rails(rails, shard
         mon.store.close()
 
 
-def test_a_kill_lost_in_flight_is_sent_again_when_the_rails_pass_after_the_grace():
-    """Not before the grace; then once its shard swept since the kill was declared lost and its
-    proposal stands: attempt 2, recorded ``sent``."""
+def test_a_kill_lost_in_flight_is_sent_again_when_the_rails_pass_after_the_grace(monkeypatch):
+    """Not before the grace (3 Lighthouse heartbeat timeouts, as declared); then once its shard
+    swept since the kill was declared lost and its proposal stands: attempt 2, recorded
+    ``sent``."""
+    clock = SimpleNamespace(t=1000.0)
+    monkeypatch.setattr(monitor.shard_leader, "time", SimpleNamespace(monotonic=lambda: clock.t))
     etcd, lighthouse = MemEtcd(), _Lighthouse([RID, "a", "b"])
     mon = _monitor(RailsConfig(min_replicas=1, cooldown_s=60), index=None)
-    leader = _leader(etcd, mon, lighthouse)
-    leader.resend_after_s = 3600.0
+    mon.cfg = dataclasses.replace(mon.cfg, lighthouse_heartbeat_timeout_ms=2000)
+    leader = _leader(etcd, mon, lighthouse, grace=True)
     _report(etcd)
     _in_flight(etcd)
     try:
         _tick(leader)
+        clock.t += 5.9
+        _tick(leader)
         assert etcd.value(f"evictions/{RID}")["state"] == "sending" and lighthouse.kills == []
-        leader.resend_after_s = 0.0
+        clock.t += 0.1
         _tick(leader)
         assert lighthouse.kills == []  # shard 0 may withdraw the proposal first
         _report(etcd)

@@ -22,6 +22,8 @@ from .sinks.base import sink_name
 
 log = logging.getLogger(__name__)
 
+# a retryable failure is retried 2 s, 4 s, ... then every 5 min until done or overtaken by a
+# later action for its host: an outage must not lose a cordon or drain
 BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
 FAILING = ("failed", "retrying")  # a last action not carried out (alerted, kept in the ledger)
 UNDONE = ("pending", *FAILING)
@@ -207,8 +209,7 @@ class HostActions:
                 done = self.clock()
                 if res.ok:
                     status, next_at = "done", None
-                elif res.retry and (self.cfg.max_attempts is None
-                                    or attempts < self.cfg.max_attempts):
+                elif res.retry:
                     status = "retrying"
                     # the exponent capped: 2.0 * 2**1024 overflows (3.5 days of retries)
                     next_at = done + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(attempts - 1, 16))
