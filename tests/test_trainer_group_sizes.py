@@ -23,7 +23,7 @@ from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import free_port, stop_process, wait_until
 from tests.test_trainer_fault_steps import AsyncQuorumManager
 from trainer.config import TrainConfig
-from trainer.loop import other_sized_peer, outnumbered, train
+from trainer.loop import MAX_NOT_HEALED, other_sized_peer, outnumbered, train
 
 MISMATCH = "lightkeeper train: error: replica group 1 has 2 rank(s) (WORLD_SIZE) but " \
            "replica_group_0 has 1: groups of different sizes cannot train together"
@@ -113,8 +113,11 @@ def _serve(pages: list[bytes]) -> ThreadingHTTPServer:
 
 
 class HealsFromAnotherSize(AsyncQuorumManager):
-    """torchft's Manager for a one-rank group whose first quorum heals it from a two-rank
-    group 0: the heal counts the source's step (7), then hands the state to the trainer."""
+    """torchft's Manager for a one-rank group whose first ``times`` quorums heal it from a
+    two-rank group 0: the heal counts the source's step (7), then hands the state to the
+    trainer."""
+
+    times = 1
 
     def __call__(self, **kw):
         self.load_user_state = kw["load_state_dict"]
@@ -122,7 +125,7 @@ class HealsFromAnotherSize(AsyncQuorumManager):
 
     def should_commit(self, timeout=None) -> bool:
         self.wait_quorum()
-        if self.quorums == 1 and self.step == 0:
+        if self.quorums <= self.times and self.step == 0:
             self.step = 7
             self.load_user_state({"group_world_size": 2, "replica_group": 0})
         return super().should_commit(timeout)
@@ -134,32 +137,71 @@ class HealsFromAnotherSize(AsyncQuorumManager):
         self.error = e
 
 
-def test_a_group_of_the_size_most_have_fails_that_heal_and_trains_on(monkeypatch, caplog):
-    """Group 1 (one rank) heals from group 0 (two ranks) while group 2 has one rank too: it
-    does not exit (before: it did, status 1); the step is not committed and not counted as
-    healed (the next all_reduce is step 0's again, not 7's)."""
-    quorum = _page([("replica_group_0:a1", 2, "0.05s"), ("replica_group_1:b2", 1, "0.05s"),
-                    ("replica_group_2:c3", 1, "0.05s")])
-    no_quorum = "Current quorum_id: 0 <br>\n<h3>Previous Quorum</h3>\n<h2>Heartbeats</h2>\n"
-    lighthouse = _serve([no_quorum.encode(), quorum.encode()])  # none before it joins
+NO_QUORUM = b"Current quorum_id: 0 <br>\n<h3>Previous Quorum</h3>\n<h2>Heartbeats</h2>\n"
+
+
+def _train_group_1(monkeypatch, pages: list[bytes], manager: AsyncQuorumManager) -> int:
+    """Group 1's one rank in ``train()`` over ``manager``, its Lighthouse's ``/status`` pages
+    answered in turn (the first one read before it joins); three steps."""
+    lighthouse = _serve(pages)
     for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "RANK",
                  "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(torchft, "Manager", manager := HealsFromAnotherSize(heals={}))
+    monkeypatch.setattr(torchft, "Manager", manager)
     cfg = TrainConfig(lighthouse=f"http://127.0.0.1:{lighthouse.server_address[1]}", steps=3,
                       replica_group=1, num_replica_groups=3, worker_server=False,
                       torch_threads=torch.get_num_threads(), connect_timeout_s=5)
     try:
-        assert train(cfg) == 0
+        return train(cfg)
     finally:
         lighthouse.shutdown()
         lighthouse.server_close()
+
+
+MOST_HAVE_ONE = _page([("replica_group_0:a1", 2, "0.05s"), ("replica_group_1:b2", 1, "0.05s"),
+                       ("replica_group_2:c3", 1, "0.05s")]).encode()
+
+
+def test_a_group_of_the_size_most_have_fails_that_heal_and_trains_on(monkeypatch, caplog):
+    """Group 1 (one rank) heals from group 0 (two ranks) while group 2 has one rank too: it
+    does not exit (before: it did, status 1); the step is not committed and not counted as
+    healed (the next all_reduce is step 0's again, not 7's)."""
+    manager = HealsFromAnotherSize(heals={})
+    assert _train_group_1(monkeypatch, [NO_QUORUM, MOST_HAVE_ONE], manager) == 0
     assert [step for step, _ in manager.allreduced] == [0, 0, 1, 2]
     assert "not healed: replica group 1 has 1 rank(s) (WORLD_SIZE) but replica_group_0 has 2" \
         in caplog.text
+
+
+def test_heals_failed_step_after_step_end_in_the_one_line(monkeypatch, caplog, capsys):
+    """The odd group stayed (its /status unread after its first quorum, say) and is the heal
+    source at every step: before, the heal failed at every step, for ever, committing nothing;
+    now the heal after MAX_NOT_HEALED failed ones in a row exits, status 1, with the line."""
+    manager = HealsFromAnotherSize(heals={})
+    manager.times = MAX_NOT_HEALED + 3  # then it would train on
+    assert _train_group_1(monkeypatch, [NO_QUORUM, MOST_HAVE_ONE], manager) == 1
+    assert caplog.text.count("not healed: ") == MAX_NOT_HEALED
+    err = capsys.readouterr().err
+    assert err.count("lightkeeper train: error:") == 1 and "lightkeeper train: error: replica " \
+        "group 1 has 1 rank(s) (WORLD_SIZE) but replica_group_0 has 2" in err, err
+
+
+def test_an_unread_status_after_the_first_quorum_is_read_at_the_next(monkeypatch, capsys):
+    """/status unread after the first quorum (a Lighthouse slow then): before, it was never read
+    again and the odd group stayed; now the next quorum reads it, and the group leaves."""
+    outnumbered_page = _page([("replica_group_0:a1", 2, "0.05s"),
+                              ("replica_group_1:b2", 1, "0.05s"),
+                              ("replica_group_2:c3", 2, "0.05s")]).encode()
+    manager = AsyncQuorumManager(heals={})
+    assert _train_group_1(monkeypatch, [NO_QUORUM, b"502 Bad Gateway", outnumbered_page],
+                          manager) == 1
+    assert [step for step, _ in manager.allreduced] == [0]  # one step, then the next quorum
+    err = capsys.readouterr().err
+    assert err.count("lightkeeper train: error:") == 1 and "lightkeeper train: error: replica " \
+        "group 1 has 1 rank(s) (WORLD_SIZE) but replica_group_0 has 2" in err, err
 
 
 def _rank(tmp: Path, lighthouse: str, group: int, name: str, groups: int = 2, **env) -> tuple:

@@ -109,6 +109,9 @@ def inject_live(injector: FaultInjector, state: RankState, spec: str) -> str:
     return fault.spec
 
 
+MAX_NOT_HEALED = 3  # failed heals from a group of another size in a row before a rank exits
+
+
 class GroupSizeMismatch(RuntimeError):
     """This replica group and a peer group have different numbers of ranks: each rank
     all-reduces its gradient shard with, and heals from, the same group rank of the others."""
@@ -303,15 +306,22 @@ def train(cfg: TrainConfig) -> int:
     model, group_all_gather = shard_within_group(model, group_world_size, device.type)
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
+    not_healed = 0  # heals from a group of another size failed since the last commit
+
     def load_state_dict(sd):
+        nonlocal not_healed
         # a peer that joined with this group at once (neither saw the other's size before)
         peer_size = sd.get("group_world_size", group_world_size)
         if peer_size != group_world_size:
             why = size_mismatch(cfg.replica_group, group_world_size,
                                 f"replica_group_{sd['replica_group']}", peer_size)
             sizes = quorum_sizes(cfg.lighthouse, cfg.replica_group, group_world_size)
-            if sizes is None or outnumbered(sizes, cfg.replica_group, group_world_size, tie=True):
-                raise GroupSizeMismatch(why)  # a tie, or unread: the group that heals leaves
+            not_healed += 1
+            # a tie, or unread: the group that heals leaves; so does one that failed its heals
+            # step after step (the odd group stayed): a job never loops without a commit
+            if sizes is None or outnumbered(sizes, cfg.replica_group, group_world_size, tie=True) \
+                    or not_healed > MAX_NOT_HEALED:
+                raise GroupSizeMismatch(why)
             # Most groups have this size: the source leaves after its first quorum. This step
             # fails as a failed heal does, torchft's step put back (else it would count as healed)
             log.warning("not healed: %s; this size is the job's (most groups have it)", why)
@@ -384,7 +394,7 @@ def train(cfg: TrainConfig) -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     backward_s = 0.0  # the last step's backward time, stretched by slow_compute
 
-    completed, first_quorum = False, True
+    completed, sizes_unread = False, True
     try:
         while manager.current_step() < cfg.steps:
             if state.stopped_by:  # SIGTERM'd: join no next quorum (a group about to be gone
@@ -398,11 +408,10 @@ def train(cfg: TrainConfig) -> int:
             # the commit check need the healed step. The forward (a few ms) no longer overlaps it.
             state.set_phase("quorum")  # as a multi-rank group blocked in its synchronous quorum
             manager.wait_quorum()
-            if first_quorum:  # groups started at once meet here: one of a size fewer have leaves
-                first_quorum = False
-                if why := outnumbered(quorum_sizes(cfg.lighthouse, cfg.replica_group,
-                                                   group_world_size),
-                                      cfg.replica_group, group_world_size):
+            if sizes_unread:  # groups started at once meet here: one of a size fewer have leaves
+                sizes = quorum_sizes(cfg.lighthouse, cfg.replica_group, group_world_size)
+                sizes_unread = sizes is None  # unread (a timeout, refused): at the next quorum
+                if why := outnumbered(sizes, cfg.replica_group, group_world_size):
                     raise GroupSizeMismatch(why)
             state.set_phase("forward")
             step = manager.current_step()
@@ -442,6 +451,7 @@ def train(cfg: TrainConfig) -> int:
             committed = manager.current_step() > pre
             if committed:  # the step it joined the job at: a one-off fault before it is passed
                 injector.joined(pre)
+                not_healed = 0
             state.set_loss(loss.item())
             snap = state.snapshot()
             log.info(
