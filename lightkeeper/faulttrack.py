@@ -302,11 +302,12 @@ class FaultTrack:
         holds = self._decisions(obs, "hold")
         if holds:
             self.held = holds[-1].get("reason")
-        elif r["detected_kind"] == "dead" and any(
+        elif r["detected_kind"] == "dead" and self.kind == "host_offline" and any(
                 d.get("status") == "dry_run" and d.get("replica_group") == self.group
                 and d.get("at", 0) >= self._since_unix - FINDING_SLACK_S for d in obs.evictions):
             # dead is reported, never decided: the dry run shows in the monitor's other
-            # decisions on the group (the survivors' abort it did not send)
+            # decisions on the group (the survivors' abort it did not send); a crash's group
+            # is restarted by its supervisor, dry run or not
             self.held = "dry_run"
         if self.held == "dry_run":
             self._end("detected, not evicted (dry run)", "the monitor held the eviction: "

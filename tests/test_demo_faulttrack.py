@@ -187,6 +187,21 @@ def test_a_host_offline_under_dry_run_is_caught_as_dead_while_its_processes_live
     assert tr.record["detected_kind"] == "dead" and tr.record["culprit_hosts"] == ["node-1"]
 
 
+def test_a_crash_under_dry_run_follows_its_restart_not_the_dry_run():
+    """--dry-run: the dead finding on a crashed rank comes before its restart is seen, with a
+    dry-run abort for the survivors: the story went on to the restart (torchft's own recovery,
+    as without --dry-run), not "detected, not evicted (dry run)"."""
+    tr = track(spec="crash:at_step=20,rank=1", kind="crash")
+    dead = dict(FINDING, kind="dead", confirmed_at=T0 + 27.0)
+    abort = {"id": 4, "replica_group": 1, "decision": "abort", "reason": "peer_gone",
+             "status": "dry_run", "at": T0 + 27.5, "finding_id": None}
+    tr.update(obs(28.0, findings=[dead], alive={0: True, 1: False, 2: True}))
+    assert tr.stage == "eviction"
+    tr.update(obs(31.0, findings=[dead], evictions=[abort], incarnation={0: 0, 1: 1, 2: 0},
+                  restarts=[(1, 30.0)]))
+    assert tr.stage == "rejoin", tr.record
+
+
 def test_describe_says_where_the_story_stands():
     tr = track()
     assert tr.describe() == f"{SPEC} in group 1 rank 1: waiting for strike (until 60s)"
