@@ -315,13 +315,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightkeeper demo: needs {' and '.join(missing)} to train; install them with "
               "pip install 'lightkeeper[trainer]' (docs/install.md)", file=sys.stderr)
         return 2
-    if note:
-        print(f"lightkeeper demo: {note}", flush=True)
     # From here a SIGTERM or SIGHUP (the terminal closed) is a Ctrl-C: the default action would
     # leave the namespaces being built, and every process started (in sessions of their own), behind
     old = _stop_handlers()
     try:
-        return _run(args, plans, report_dir, old)
+        return _run(args, plans, report_dir, old, note)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
@@ -383,7 +381,8 @@ def _quarantine_off(args: argparse.Namespace) -> str | None:
             else "--quarantine-dry-run" if args.quarantine_dry_run else None)
 
 
-def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: dict) -> int:
+def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: dict,
+         note: str | None) -> int:
     from trainer.faults import NETWORK_KINDS
 
     from .processes import ClusterError
@@ -432,6 +431,8 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
               f"network namespaces (--hosts netns; {hosts_note})", file=sys.stderr)
         os.close(lock)
         return 2
+    if note:  # said once the run's hosts can take its faults
+        print(f"lightkeeper demo: {note}", flush=True)
     try:
         if report_dir is None:  # made 0o700, root's own when root runs it
             report_dir = Path(tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()

@@ -135,6 +135,18 @@ def test_a_network_fault_without_namespaces_is_refused_before_anything_is_said(c
            "namespaces (--hosts netns; not with" in got.err, got.err
 
 
+def test_auto_hosts_without_namespaces_refuse_a_network_fault_saying_nothing_else(
+        cli, monkeypatch, capsys):
+    # --hosts auto where namespaces cannot be made (not root, no unshare, too many hosts): the
+    # dry run's "stays broken" line came before the refusal of a run that never starts
+    monkeypatch.setattr(demo_mod, "build_fabric", lambda hosts: (None, "not root"))
+    code = demo_mod.run(demo_args("--dry-run", "--inject", "1:partition:at_step=20"))
+    got = capsys.readouterr()
+    assert code == 2 and got.out == "", got.out
+    assert "partition:at_step=20 is a network fault: it needs hosts that are network " \
+           "namespaces (--hosts netns; not root)" in got.err, got.err
+
+
 @pytest.mark.parametrize("spec", ["partition:at_step=60", "slow_link:mbit=20,from_step=60"])
 def test_a_link_fault_with_two_groups_is_refused_a_host_gone_is_not(cli, spec, tmp_path,
                                                                     capsys):
