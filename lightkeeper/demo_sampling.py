@@ -156,7 +156,8 @@ class Sampling:
                     self._seen_evictions.add(key)
                     kind = {"evict": "evicted", "abort": "survivors_released"}.get(
                         d["decision"], "held")
-                    self.event(kind, d["replica_group"], f"{d['decision']} ({d['reason']})")
+                    dry = " (dry run)" if d.get("status") == "dry_run" else ""  # not sent
+                    self.event(kind, d["replica_group"], f"{d['decision']} ({d['reason']}){dry}")
 
     # --- what was sampled ---------------------------------------------------------------------
     def all_stepping(self) -> bool:

@@ -114,3 +114,15 @@ def test_a_hold_for_a_kill_already_sent_is_not_told_again(tmp_path, monkeypatch)
         ("evicted", 2, "evict (hang)"), ("held", 1, "hold (cooldown)"),
         ("survivors_released", 2, "abort (peer_gone)")]
     assert len(demo.evictions) == 4  # the report keeps every decision
+
+
+def test_a_dry_run_abort_is_told_as_one(tmp_path, monkeypatch):
+    """--dry-run: the monitor records the survivors' abort it did not send; the story said
+    "abort (peer_gone)" as for one it sent."""
+    demo = _demo(tmp_path, monkeypatch)
+    rows = [{"id": 1, "replica_group": 1, "at": 12.0, "decision": "abort", "reason": "peer_gone",
+             "status": "dry_run"}]
+    demo.monitor_get = {"/v1/evictions": rows}.get
+    demo.poll_monitor()
+    assert [(e["kind"], e["replica_group"], e["detail"]) for e in demo.events] == [
+        ("survivors_released", 1, "abort (peer_gone) (dry run)")]
