@@ -23,7 +23,7 @@ from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import free_port, stop_process, wait_until
 from tests.test_trainer_fault_steps import AsyncQuorumManager
 from trainer.config import TrainConfig
-from trainer.loop import MAX_NOT_HEALED, other_sized_peer, outnumbered, train
+from trainer.loop import MAX_NOT_HEALED, SIZE_READS, other_sized_peer, outnumbered, train
 
 MISMATCH = "lightkeeper train: error: replica group 1 has 2 rank(s) (WORLD_SIZE) but " \
            "replica_group_0 has 1: groups of different sizes cannot train together"
@@ -140,7 +140,8 @@ class HealsFromAnotherSize(AsyncQuorumManager):
 NO_QUORUM = b"Current quorum_id: 0 <br>\n<h3>Previous Quorum</h3>\n<h2>Heartbeats</h2>\n"
 
 
-def _train_group_1(monkeypatch, pages: list[bytes], manager: AsyncQuorumManager) -> int:
+def _train_group_1(monkeypatch, pages: list[bytes], manager: AsyncQuorumManager,
+                   steps: int = 3) -> int:
     """Group 1's one rank in ``train()`` over ``manager``, its Lighthouse's ``/status`` pages
     answered in turn (the first one read before it joins); three steps."""
     lighthouse = _serve(pages)
@@ -151,7 +152,7 @@ def _train_group_1(monkeypatch, pages: list[bytes], manager: AsyncQuorumManager)
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(torchft, "Manager", manager)
-    cfg = TrainConfig(lighthouse=f"http://127.0.0.1:{lighthouse.server_address[1]}", steps=3,
+    cfg = TrainConfig(lighthouse=f"http://127.0.0.1:{lighthouse.server_address[1]}", steps=steps,
                       replica_group=1, num_replica_groups=3, worker_server=False,
                       torch_threads=torch.get_num_threads(), connect_timeout_s=5)
     try:
@@ -202,6 +203,16 @@ def test_an_unread_status_after_the_first_quorum_is_read_at_the_next(monkeypatch
     err = capsys.readouterr().err
     assert err.count("lightkeeper train: error:") == 1 and "lightkeeper train: error: replica " \
         "group 1 has 1 rank(s) (WORLD_SIZE) but replica_group_0 has 2" in err, err
+
+
+def test_a_status_that_never_answers_is_read_a_few_times_not_at_every_step(monkeypatch):
+    """/status unread quorum after quorum (each read may take seconds): before, every step read
+    it again, for good; now a few quorums do, then the heal's own check is left."""
+    pages = [NO_QUORUM] + [b"502 Bad Gateway"] * 10 + [MOST_HAVE_ONE]
+    manager = AsyncQuorumManager(heals={})
+    assert _train_group_1(monkeypatch, pages, manager, steps=8) == 0
+    assert len(manager.allreduced) == 8
+    assert 11 - len(pages) == SIZE_READS  # the unread pages read after the first quorums
 
 
 def _rank(tmp: Path, lighthouse: str, group: int, name: str, groups: int = 2, **env) -> tuple:

@@ -110,6 +110,7 @@ def inject_live(injector: FaultInjector, state: RankState, spec: str) -> str:
 
 
 MAX_NOT_HEALED = 3  # failed heals from a group of another size in a row before a rank exits
+SIZE_READS = 3  # /status reads tried after the first quorums: each unread one may cost seconds
 
 
 class GroupSizeMismatch(RuntimeError):
@@ -394,7 +395,7 @@ def train(cfg: TrainConfig) -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     backward_s = 0.0  # the last step's backward time, stretched by slow_compute
 
-    completed, sizes_unread = False, True
+    completed, size_reads = False, SIZE_READS
     try:
         while manager.current_step() < cfg.steps:
             if state.stopped_by:  # SIGTERM'd: join no next quorum (a group about to be gone
@@ -408,9 +409,11 @@ def train(cfg: TrainConfig) -> int:
             # the commit check need the healed step. The forward (a few ms) no longer overlaps it.
             state.set_phase("quorum")  # as a multi-rank group blocked in its synchronous quorum
             manager.wait_quorum()
-            if sizes_unread:  # groups started at once meet here: one of a size fewer have leaves
+            if size_reads:  # groups started at once meet here: one of a size fewer have leaves
                 sizes = quorum_sizes(cfg.lighthouse, cfg.replica_group, group_world_size)
-                sizes_unread = sizes is None  # unread (a timeout, refused): at the next quorum
+                # unread (a timeout, refused): again at the next quorum, a few times at most (a
+                # Lighthouse whose /status never answers must not slow every step)
+                size_reads = 0 if sizes is not None else size_reads - 1
                 if why := outnumbered(sizes, cfg.replica_group, group_world_size):
                     raise GroupSizeMismatch(why)
             state.set_phase("forward")
