@@ -309,9 +309,9 @@ class Shards:
         return True
 
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
-        """Delete this shard's automatic proposals that no open finding of this run (of a group
-        it sees: out_of_sight) stands behind and no leader acted on: a leader never evicts on evidence the shard no longer holds (one
-        of an earlier run goes too: the next sweep proposes anew)."""
+        """Delete this shard's automatic proposals that no open finding of this run (of a group it
+        sees: out_of_sight) stands behind and no leader acted on: a leader never evicts on evidence
+        the shard no longer holds (one of an earlier run goes too: the next sweep proposes anew)."""
         proposals = _by_rid(self.etcd, self.root + "proposals/")
         # one gone (withdrawn by another run that held the slice meanwhile): proposed anew
         self._proposed &= proposals.keys()

@@ -56,13 +56,11 @@ def out_of_sight(evidence: ClusterView, f: Finding) -> bool:
     return gv is None or not gv.reachable
 
 
-def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig,
-                 who: str = "the monitor", gone: Collection[str] = (),
-                 heard: bool = False) -> str | None:
+def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig, who: str = "the monitor",
+                 gone: Collection[str] = (), heard: bool = False) -> str | None:
     """Why nobody may be blamed now (decisions.blind_reason), by the verified ranks of ``view``
-    less the groups of the replica ids ``gone``, for the monitor and each shard alike. Knowing
-    none is blind too (nothing shows ``who`` is not the one cut off), unless ``heard``: the
-    Lighthouse was read, and its word alone says whether a replica is gone."""
+    less the groups of the replica ids ``gone``, for the monitor and its shards. Knowing none is
+    blind (nothing shows ``who`` is not cut off) unless ``heard``: the Lighthouse's word counts."""
     ev = view.evidence_view or view
     known, up, _ = ev.counts
     for gv in ev.groups.values():
@@ -331,9 +329,8 @@ class Enforcer:
     def decide(self, view: ClusterView, evidence: ClusterView, now: float,
                rails: RailsConfig | None = None,
                evict: Callable[[Finding], bool] | None = None) -> bool:
-        """Evict or hold every open finding of an evictable kind, except those out_of_sight.
-        A shard gives its own ``rails`` and ``evict`` (its proposal for the kill); False from
-        that stops the loop: then False."""
+        """Evict or hold every open finding of an evictable kind, except those out_of_sight. A
+        shard gives its ``rails`` and ``evict`` (its proposal): False from it stops the loop."""
         rails = rails or self.cfg.rails
         in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
@@ -345,22 +342,15 @@ class Enforcer:
                     drained = drained_groups(evidence, self.hosts.quarantined())
                 s = self.situation(view, evidence, now, in_quorum, drained)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, rails)
-                if not d.evict:
-                    self.hold(f, d)
-                elif evict is None:
-                    self._last_decision[f.key] = d.reason
+                if d.evict and evict is not None:
+                    if not evict(f):
+                        return False
+                # a hold is recorded once per reason, not every sweep it lasts
+                elif d.evict or self._last_decision.get(f.key) != d.reason:
                     self.apply(d, f.replica_group, f.replica_id, self.finding_id(f.key),
                                f.to_dict(), "auto", view, evidence)
-                elif not evict(f):
-                    return False
+                    self._last_decision[f.key] = d.reason  # once written: a failed one is retried
         return True
-
-    def hold(self, f: Finding, d: Decision) -> None:
-        """Record a hold of ``f``, once per reason (not every sweep it lasts)."""
-        if self._last_decision.get(f.key) == d.reason:
-            return
-        self.apply(d, f.replica_group, f.replica_id, self.finding_id(f.key), f.to_dict(), "auto")
-        self._last_decision[f.key] = d.reason  # once written: a failed write is tried again
 
     def evict_manual(self, view: ClusterView | None, evidence: ClusterView | None,
                      replica_group: int, replica_id: str | None, reason: str) -> dict[str, Any]:

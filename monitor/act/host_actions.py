@@ -22,8 +22,7 @@ from .sinks.base import sink_name
 
 log = logging.getLogger(__name__)
 
-# a retryable failure is retried 2 s, 4 s, ... then every 5 min until done or overtaken by a
-# later action for its host: an outage must not lose a cordon or drain
+# retried 2 s, 4 s, ... then every 5 min until done: an outage must not lose a cordon or drain
 BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
 FAILING = ("failed", "retrying")  # a last action not carried out (alerted, kept in the ledger)
 UNDONE = ("pending", *FAILING)
