@@ -26,6 +26,7 @@ from .act.bundles import Bundles
 from .act.enforcer import Enforcer
 from .act.host_actions import monitor_identity
 from .act.hosts import HostLedger
+from .act.trouble import Trouble
 from .api import views
 from .api.app import create_app
 from .api.metrics import MonitorMetrics, publish_sweep
@@ -59,7 +60,6 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
-WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said again this often
 REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said once a window this long
 # refusals said a window: anyone reaching the API may send a new URL each time, and neither the
 # set of those said nor the log may grow with them (then one line says the rest go unsaid)
@@ -70,24 +70,6 @@ END_SAID_SLACK_S = 60.0
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets", OtherJob: "other_job",
             ResolverBusy: "resolver_busy"}
-
-
-class Trouble:
-    """A condition that lasts across sweeps: warned when it starts, again every
-    ``WARN_EVERY_S`` while it lasts, and said once when it ends (``ended``)."""
-
-    def __init__(self, what: str, ended: str, level: int = logging.WARNING) -> None:
-        self.what, self.ended, self.level = what, ended, level
-        self.error: str | None = None
-        self._said_at = float("-inf")
-
-    def update(self, error: str | None, now: float, exc: BaseException | None = None) -> None:
-        if error and (not self.error or now - self._said_at >= WARN_EVERY_S):
-            log.log(self.level, "%s: %s", self.what, error, exc_info=exc)
-            self._said_at = now
-        elif not error and self.error:
-            log.warning("%s", self.ended)
-        self.error = error
 
 
 class Monitor:

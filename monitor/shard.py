@@ -15,6 +15,7 @@ from typing import Any
 from http_serving import redact_url
 
 from .act.enforcer import blindness_of
+from .act.trouble import Trouble
 from .config import ShardConfig
 from .lease import KV, Etcd, EtcdError, SessionLease, created_never, leased_by, modified_at
 from .shard_leader import Leader, _audit, _by_rid, _is_proposal
@@ -86,7 +87,8 @@ class Shards:
         # before the last renewal that answered, so etcd cannot have let it go sooner
         self._holds_until = float("-inf")
         self._lapse_said = False
-        self.error: str | None = None
+        self.etcd_trouble = Trouble(f"shard {cfg.index} cannot report or propose", f"etcd answers "
+                                    f"again: shard {cfg.index} reports and proposes", log=log)
         self._retry_at = float("-inf")  # etcd failed: asked again from then (monotonic)
         self.sent_kills: set[str] = set()  # the job's kills the leader sent, any slice's
         self.proposals_made = 0
@@ -181,16 +183,12 @@ class Shards:
                 # what its ranks answer as: another shard tells a group gone by it
                 "reporting": sorted({rid for gv in view.groups.values()
                                      for rid in gv.reported_replica_ids if rid})}, asked_at)
-            if self.error:
-                log.warning("etcd answers again: shard %s reports and proposes", self.cfg.index)
-            self.error = None
+            self.etcd_trouble.update(None, now)
         except EtcdError as e:
-            if str(e) != self.error:
-                log.warning("shard %s cannot report or propose: %s", self.cfg.index, e)
-            self.error = str(e)
+            self.etcd_trouble.update(str(e), now)
             self._back_off(e)
         m = mon.metrics
-        m.shard_etcd_up.labels(m.job, "shard").set(0 if self.error else 1)
+        m.shard_etcd_up.labels(m.job, "shard").set(0 if self.etcd_trouble.error else 1)
         m.shard_standby.labels(m.job).set(1 if self.holds is False else 0)
 
     def acting(self) -> bool:
@@ -462,8 +460,8 @@ class Shards:
     def to_json(self) -> dict[str, Any]:
         e = self.leader.election if self.leader else None
         return {"index": self.cfg.index, "shards": self.cfg.shards, "lead": self.cfg.lead,
-                "etcd": redact_url(self.cfg.etcd), "prefix": self.root, "error": self.error,
-                "standby": self.holds is False, "held_by": self.held_by,
+                "etcd": redact_url(self.cfg.etcd), "prefix": self.root, "held_by": self.held_by,
+                "error": self.etcd_trouble.error, "standby": self.holds is False,
                 # read, not judged: only the sweep says a lapse (a status read changes no log)
                 "acting": bool(self.holds) and time.monotonic() < self._holds_until,
                 "proposals_made": self.proposals_made,

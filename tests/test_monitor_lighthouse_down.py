@@ -8,9 +8,10 @@ import json
 import logging
 
 from lightkeeper.processes import wait_until
+from monitor.act.trouble import WARN_EVERY_S
 from monitor.config import MonitorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus
-from monitor.service import WARN_EVERY_S, Monitor
+from monitor.service import Monitor
 
 # nothing listens on port 1 (refused): a port picked with bind(0) and let go may be another
 # test's server by the time it is asked
@@ -101,6 +102,51 @@ def test_a_sweep_failing_on_is_said_once_a_minute_with_its_traceback(tmp_path, c
             assert len(failed) == 2, failed  # at its start and a minute later
             assert all(r.levelno == logging.ERROR and r.exc_info for r in failed)
             assert sum(r.getMessage() == "sweeps succeed again" for r in caplog.records) == 1
+    finally:
+        mon.stop()
+
+
+def test_a_failing_host_ledger_is_said_once_a_minute_and_when_it_works_again(tmp_path, caplog,
+                                                                             monkeypatch):
+    """The audit log full under the host ledger: an error line (no traceback: no bug) when it
+    starts and a minute later, the error in ``GET /v1/hosts``, one line when it works again.
+    Before: said once however long it lasted, its end never."""
+    import sqlite3
+
+    clock = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "m.db"), job="unit"),
+                  clock=lambda: clock[0])
+    record, full = mon.enforcer.hosts.record, [True]
+
+    def record_or_full(*args, **kwargs):
+        if full[0]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(mon.enforcer.hosts, "record", record_or_full)
+
+    def failed() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage() == "host ledger failed (its offences "
+                "kept, tried again next sweep): OperationalError: database or disk is full"]
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(5):  # a sweep a second
+                mon.sweep_once()
+                clock[0] += 1.0
+            assert len(failed()) == 1
+            assert mon.enforcer.hosts_json()["error"] == \
+                "OperationalError: database or disk is full"
+            clock[0] += WARN_EVERY_S
+            mon.sweep_once()
+            assert len(failed()) == 2  # still failing a minute later: said again
+            assert all(r.levelno == logging.ERROR and not r.exc_info for r in failed())
+            full[0] = False
+            for _ in range(2):
+                mon.sweep_once()
+            assert sum(r.getMessage() == "the host ledger works again"
+                       for r in caplog.records) == 1
+            assert len(failed()) == 2 and mon.enforcer.hosts_json()["error"] is None
     finally:
         mon.stop()
 

@@ -103,7 +103,7 @@ class Driver:
         self.mon.sweep_once()
         m = self.mon  # no stage failed quietly
         errors = (m.last_sweep_error, m.detectors.last_error, m.goodput.error,
-                  m.enforcer.hosts_error)
+                  m.enforcer.hosts_trouble.error)
         assert errors == (None,) * 4, errors
 
     def sweeps(self, n: int, **kw) -> None:

@@ -854,7 +854,7 @@ def sharded(etcd):
     def sweep():
         h.mon.sweeps += 1
         h.shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), h.mon.now)
-        assert h.shard.error is None
+        assert h.shard.to_json()["error"] is None
 
     def tick():  # one tick of Leader.run, on this thread: the test orders it with the sweeps
         h.leader_mon.now = h.mon.now
@@ -1265,12 +1265,12 @@ def test_a_shard_waits_a_third_of_the_lease_before_asking_a_hung_etcd_again(tmp_
     evidence = swept()
     try:
         shard.after_sweep(view, evidence, mon.now)
-        assert shard.error and len(accepted) == 1
+        assert shard.to_json()["error"] and len(accepted) == 1
         for _ in range(3):  # the next sweeps
             shard.after_sweep(view, evidence, mon.now)
         # ... and the survivors' second vantage point in those sweeps does not ask it either
         assert shard.reported_elsewhere() == (set(), False)
-        assert len(accepted) == 1 and shard.error
+        assert len(accepted) == 1 and shard.to_json()["error"]
         from prometheus_client import generate_latest
 
         assert 'lightkeeper_monitor_shard_etcd_up{job="sim",role="shard"} 0.0' in \
@@ -1305,7 +1305,7 @@ def test_a_shard_reads_what_the_other_shards_ranks_answer_as(etcd):
         polled = {"http://127.0.0.1:1": None}  # its slice has ranks
         shards[i].after_sweep(SimpleNamespace(ranks=polled, groups=groups), swept(reachable),
                               mons[i].now)
-        assert shards[i].error is None
+        assert shards[i].to_json()["error"] is None
 
     try:
         sweep(0)
@@ -1355,7 +1355,7 @@ def test_an_etcd_that_answers_an_error_at_once_is_asked_again_next_sweep():
     try:
         for _ in range(2):
             shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), mon.now)
-            assert shard.error and "HTTP 503" in shard.error
+            assert "HTTP 503" in (shard.to_json()["error"] or "")
         assert len(asked) == 2, asked
     finally:
         server.shutdown()

@@ -226,7 +226,7 @@ def _shard(etcd: MemEtcd, mon: _Monitor) -> SimpleNamespace:
     def sweep():
         mon.sweeps += 1
         shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), mon.now)
-        assert shard.error is None
+        assert shard.to_json()["error"] is None
 
     return SimpleNamespace(shard=shard, sweep=sweep)
 

@@ -1,7 +1,7 @@
 """From confirmed findings to decisions and actions: the audit log, the host ledger, the rails.
 
 Each sweep's new findings are recorded, counted by the host ledger and decided under the rails;
-kills are sent and later confirmed. A host ledger failure is logged and shown (``hosts_error``);
+kills are sent and later confirmed. A host ledger failure is logged and shown (``hosts_trouble``);
 a failed decision or kill raises into the sweep, which logs it and goes on.
 """
 
@@ -27,6 +27,7 @@ from .decisions import Decision, Situation, blind_reason, decide
 from .host_rails import drained_groups
 from .hosts import DeadGroups, HostLedger, protected_hosts
 from .survivors import Survivors
+from .trouble import Trouble
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class Enforcer:
         self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s,
                                          cfg.rank_auth, self.claims), cfg.orphan_grace_s)
         self.metrics, self.blind, self.clock = metrics, blind, clock
-        self.hosts_error: str | None = None
+        self.hosts_trouble = Trouble("host ledger failed (its offences kept, tried again next "
+                                     "sweep)", "the host ledger works again", logging.ERROR, log)
         # set each sweep: another monitor holds this shard's slice, so this one sends no abort
         # or exit and fetches no bundle; it keeps its host ledger (and sinks) so that a
         # handover never leaves a quarantine nobody releases
@@ -156,8 +158,7 @@ class Enforcer:
             return [f for f in self.hosts.group_findings(evidence, now)
                     if self.detectors.report(f)]
         except Exception as e:
-            log.exception("host ledger failed")
-            self.hosts_error = f"{type(e).__name__}: {e}"
+            self.hosts_trouble.update(f"{type(e).__name__}: {e}", now, e)
             return []
 
     def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
@@ -193,13 +194,10 @@ class Enforcer:
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
-            self.hosts_error = None
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-            if error != self.hosts_error:  # the audit log full: one line, not every sweep
-                log.error("host ledger failed (its offences kept, tried again next sweep): %s",
-                          error, exc_info=not isinstance(e, sqlite3.OperationalError))
-            self.hosts_error = error
+            self.hosts_trouble.update(None, now)
+        except Exception as e:  # the audit log full is no bug: no traceback
+            self.hosts_trouble.update(f"{type(e).__name__}: {e}", now,
+                                      None if isinstance(e, sqlite3.OperationalError) else e)
 
     def blindness(self, view: ClusterView) -> str | None:
         """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
@@ -233,7 +231,7 @@ class Enforcer:
                 "policy": {"after": q.after, "window_s": q.window_s, "ttl_s": q.ttl_s,
                            "max_quarantined": q.max_quarantined,
                            "cap": q.cap(len(self.hosts.known_hosts()))},
-                "decisions": self.store.host_decisions(limit=50), "error": self.hosts_error}
+                "decisions": self.store.host_decisions(limit=50), "error": self.hosts_trouble.error}
 
     def release_host(self, host: str, reason: str) -> dict[str, Any]:
         """``POST /v1/hosts/{host}/release``; KeyError / ValueError as HostLedger.release."""
