@@ -38,10 +38,12 @@ def unasked_group_0(job: Job, det: Detectors, at: list[float]) -> list:
     return waited_for(job, det, at, 0, "optimizer", "quorum")
 
 
-@pytest.mark.parametrize("commits, heals, failures", [(1, 1, 0), (1, 2, 1)])
+@pytest.mark.parametrize("commits, heals, failures",
+                         [(1, 1, 0), (1, 2, 1), (1, 3, 2), (0, 3, 3), (1, 4, 3)])
 def test_a_group_that_only_healed_is_held_as_on_its_first_step(commits, heals, failures):
     """(1, 2, 1): its heal's commit failed and it healed again (its warm-up is still ahead), or
-    its next commit failed and it healed again: the counters cannot tell, so it is held."""
+    its next commit failed and it healed again: the counters cannot tell, so it is held; so is
+    a warm-up whose heals failed more than once (another group dying each time)."""
     job, det = healed_group_0(commits, heals, failures)
     assert unasked_group_0(job, det, [0.5, 1.0, 1.5, 2.0, 3.0, 10.0, 299.0]) == []
     assert det.last_error is None  # judged, not failed

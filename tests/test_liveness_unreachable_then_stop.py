@@ -3,6 +3,9 @@ committing (torchft commits only with every rank of the group: it lived), is not
 the group is stopped on purpose later: its Manager's stop notice finds it long down, not down
 just before (torchrun stops a crashed worker's peers within seconds). No ``dead`` finding, no
 offence against its host, whether it was verified or only read before its Manager existed.
+But a rank that crashes is found however its group got there: one that missed a poll long
+before (it answered again), one killed while its Manager healed (a heal moves the step, not
+the commits).
 
 The same live monitor over a real Lighthouse as tests/test_liveness_unverified_crash.py.
 """
@@ -10,6 +13,7 @@ The same live monitor over a real Lighthouse as tests/test_liveness_unverified_c
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import requests
@@ -21,32 +25,32 @@ from tests.support.monitor_sim import SimJob
 from tests.test_liveness_unverified_crash import STOPPED, TOKEN
 
 
-@pytest.mark.parametrize("verified", [True, False])
-def test_a_rank_its_group_committed_past_is_not_dead_at_a_planned_stop(tmp_path, verified):
-    job = SimJob(2, ranks_per_group=2, heartbeat_timeout_ms=1000, join_timeout_ms=1000)
-    for r in job.sim.ranks:
+@pytest.fixture
+def job():
+    j = SimJob(2, ranks_per_group=2, heartbeat_timeout_ms=1000, join_timeout_ms=1000)
+    for r in j.sim.ranks:
         r.update(job="sim", host=f"host-{r.state['replica_group']}")
-    manager, peer = job.sim.group(1)  # group ranks 0 and 1 (global 1 and 3)
-    rid = job.replica_ids[1]
-    if not verified:  # read once before its Manager existed
-        peer.update(replica_id=None, quorum_id=-1, phase="starting", step=0)
+    yield j
+    j.stop()
+
+
+def live(tmp_path, job: SimJob, training: set[int], **rails) -> tuple[Monitor, Callable]:
+    """A monitor with the job's ranks registered; its ``sweep()`` moves the clock a second and
+    has the ``training`` groups commit 5 steps first."""
     skew = [0.0]
     cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
                         sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
                         register_token=TOKEN, forget_after_s=600,
-                        rails=RailsConfig(min_replicas=1, cooldown_s=0))
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0, **rails))
     mon = Monitor(cfg, clock=lambda: time.time() + skew[0]).start()
 
     def sweep() -> None:
         skew[0] += 1.0
-        for g in (0, 1):  # both groups train: group 1 commits, so its unreachable peer lives
+        for g in training:
             for r in job.sim.group(g):
                 r.update(step=r.state["step"] + 5, commits=r.state["commits"] + 5,
                          last_step_at=time.time() + skew[0])
         mon.sweep_once()
-
-    def get(path: str):
-        return requests.get(mon.url + path, timeout=10).json()
 
     try:
         wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
@@ -56,30 +60,116 @@ def test_a_rank_its_group_committed_past_is_not_dead_at_a_planned_stop(tmp_path,
                                 json={"url": r.url, "job": "sim", "rank": r.state["rank"],
                                       "replica_group": r.state["replica_group"]})
             assert res.status_code == 200, res.text
+    except BaseException:
+        mon.stop()
+        raise
+    return mon, sweep
+
+
+def get(mon: Monitor, path: str):
+    return requests.get(mon.url + path, timeout=10).json()
+
+
+def dead(mon: Monitor) -> list:
+    return [(f["kind"], f["ranks"]) for f in get(mon, "/v1/findings")
+            if f["kind"] in ("dead", "dead_rank")]
+
+
+def stop_group_1(job: SimJob, mon: Monitor, sweep: Callable) -> None:
+    """Group 1's Manager says it stopped, then goes; swept until the Lighthouse agrees and
+    ``--dead-sweeps`` more."""
+    manager = job.sim.group(1)[0]
+    manager.update(**STOPPED)
+    sweep()
+    manager.set_mode("down")
+    job.alive.discard(1)
+
+    def gone() -> bool:  # a dead finding is counted once the Lighthouse agrees
+        sweep()
+        st = mon.lighthouse_status
+        return st is not None and not st.heartbeating(job.replica_ids[1])
+
+    wait_until(gone, 30, interval=0.2, what="the Lighthouse to stop hearing group 1")
+    for _ in range(mon.cfg.detectors.dead_sweeps + 2):
+        sweep()
+
+
+def blip(peer, sweep: Callable) -> None:
+    """One poll of ``peer`` fails (a timeout under load); it trains on, answering again."""
+    peer.set_mode("down")
+    sweep()
+    peer.set_mode("ok")
+    for _ in range(5):
+        sweep()
+
+
+@pytest.mark.parametrize("verified", [True, False])
+def test_a_rank_its_group_committed_past_is_not_dead_at_a_planned_stop(tmp_path, job, verified):
+    manager, peer = job.sim.group(1)  # group ranks 0 and 1 (global 1 and 3)
+    if not verified:  # read once before its Manager existed
+        peer.update(replica_id=None, quorum_id=-1, phase="starting", step=0)
+    mon, sweep = live(tmp_path, job, {0, 1})  # group 1 commits, so its unreachable peer lives
+    try:
         sweep()
         sweep()
-        verdicts = {r["rank"]: r["verification"]["reason"] for r in get("/v1/ranks")}
+        verdicts = {r["rank"]: r["verification"]["reason"] for r in get(mon, "/v1/ranks")}
         assert verdicts[3] == ("ok" if verified else "no_replica_id"), verdicts
         peer.set_mode("down")  # the monitor cannot reach it; it trains on
-        for _ in range(2 * cfg.detectors.dead_sweeps + 4):
+        for _ in range(2 * mon.cfg.detectors.dead_sweeps + 4):
             sweep()
-        assert get("/v1/findings") == []
-        manager.update(**STOPPED)  # a planned stop; the peer's own notice never gets through
-        sweep()
-        manager.set_mode("down")
-        job.alive.discard(1)
-
-        def gone() -> bool:  # a dead finding is counted once the Lighthouse agrees
-            sweep()
-            st = mon.lighthouse_status
-            return st is not None and not st.heartbeating(rid)
-
-        wait_until(gone, 30, interval=0.2, what="the Lighthouse to stop hearing group 1")
-        for _ in range(cfg.detectors.dead_sweeps + 2):
-            sweep()
-        assert [(f["kind"], f["ranks"]) for f in get("/v1/findings")
-                if f["kind"] in ("dead", "dead_rank")] == []
-        assert get("/v1/hosts")["hosts"] == []
+        assert get(mon, "/v1/findings") == []
+        stop_group_1(job, mon, sweep)  # a planned stop; the peer's own notice never gets through
+        assert dead(mon) == []
+        assert get(mon, "/v1/hosts")["hosts"] == []
     finally:
         mon.stop()
-        job.stop()
+
+
+@pytest.mark.parametrize("before", ["blip", "heal"])
+def test_a_crash_torchrun_stops_the_group_after_is_dead(tmp_path, job, before):
+    """``blip``: the crashed rank missed a poll long before; ``heal``: its Manager healed (its
+    step jumped to the quorum's) between the crash and torchrun's SIGTERM."""
+    manager, peer = job.sim.group(1)
+    training = {0, 1}
+    mon, sweep = live(tmp_path, job, training)
+    try:
+        sweep()
+        sweep()
+        if before == "blip":
+            blip(peer, sweep)
+            assert get(mon, "/v1/findings") == []
+        training.discard(1)  # rank 3 crashes: group 1 commits nothing more
+        peer.set_mode("down")
+        sweep()
+        if before == "heal":
+            manager.update(step=manager.state["step"] + 40, heals=1)
+        stop_group_1(job, mon, sweep)
+        assert dead(mon) == [("dead", [3])]
+        assert [h["host"] for h in get(mon, "/v1/hosts")["hosts"]] == ["host-1"]
+    finally:
+        mon.stop()
+
+
+@pytest.mark.parametrize("before", ["blip", "heal"])
+def test_a_crash_with_the_manager_up_is_dead_rank(tmp_path, job, before):
+    """The same crash with no launcher to stop the group: its Manager heartbeats on."""
+    manager, peer = job.sim.group(1)
+    training = {0, 1}
+    mon, sweep = live(tmp_path, job, training, dry_run=True)
+    try:
+        sweep()
+        sweep()
+        if before == "blip":
+            blip(peer, sweep)
+        training.discard(1)
+        peer.set_mode("down")
+        sweep()
+        if before == "heal":
+            manager.update(step=manager.state["step"] + 40, heals=1)
+        for _ in range(40):  # the group is seen held on the monitor's clock, a second a sweep
+            sweep()
+            if dead(mon):
+                break
+        assert dead(mon) == [("dead_rank", [3])]
+    finally:
+        mon.stop()

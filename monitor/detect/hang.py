@@ -36,11 +36,11 @@ def _timed(st: Mapping[str, Any], recent: list[float]) -> bool:
     if not (isinstance(st.get("last_step_seconds"), (int, float)) or recent):
         return False
     heals, commits = st.get("heals"), st.get("commits")
-    # its steps after its heals: the counters do not say whether a failed commit came before
-    # its first heal's or after: held then (a delay), never evicted in its warm-up; only the
-    # warm-up (a heal, or two around a failed commit): one healing in every step has trained
-    return not (type(heals) is int and type(commits) is int and heals > 0
-                and commits + (st.get("commit_failures") or 0) <= min(heals, 2))
+    # held while every step it finished was a heal's (the counters do not say in which order)
+    # and at most one committed: its warm-up may be ahead (a delay, never an eviction); one that
+    # committed a step past its heal's, or more than one healing, has trained
+    return not (type(heals) is int and type(commits) is int and heals > 0 and commits <= 1
+                and commits + (st.get("commit_failures") or 0) <= heals)
 
 
 def untimed(gv: GroupView) -> bool:

@@ -43,6 +43,13 @@ def _no_quorum_why(r: RankView) -> str:
             "group's other ranks never asked)")
 
 
+def _commits(st: Mapping[str, Any]) -> int:
+    """The rank's ``commits`` (its ``step`` where it counts none: torch's debug server): a heal
+    moves the step with no commit."""
+    c = st.get("commits")
+    return c if type(c) is int else st.get("step") or 0
+
+
 def _process(r: RankView) -> tuple:
     return r.state.get("pid"), r.state.get("started_at")
 
@@ -53,7 +60,7 @@ class Liveness:
         self._last: dict[int, GroupView] = {}  # group -> its last view, kept while it is away
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
-        self._down_at: dict[str, int] = {}  # url of a rank down -> its group's step then
+        self._down_at: dict[str, int] = {}  # url of a rank down -> its Manager's commits then
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # said it ended -> its peers already down then
         self._replaced: dict[int, set[str]] = {}  # group -> earlier incarnations judged
@@ -73,7 +80,8 @@ class Liveness:
         open_dead = findings.groups(*DEAD_KINDS)
         last = self._last
         changed = [g for g, gv in view.groups.items() if last.get(g) is not gv]
-        for url in [u for u in self._down_at if u not in view.ranks]:
+        # a rank answering again lived: a later crash is measured from then
+        for url in [u for u in self._down_at if u not in view.ranks or view.ranks[u].reachable]:
             del self._down_at[url]
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead, self._left)):
@@ -99,7 +107,7 @@ class Liveness:
             # a rank that ended (a planned stop) fails its peers' collectives: those of its
             # incarnation that go down after its stop was read (a pod SIGTERMed later, or
             # never) end with it; one down before (a crash torchrun then stopped) is dead, unless
-            # its group committed more than a step past it since (it lived, unreachable)
+            # the stopping peer's commits grew by more than one since (it lived, unreachable)
             ended = self._ended.setdefault(g, {})
             ids = {r.replica_id for r in (*gv.ranks, *gv.superseded, *left)}
             for k in [k for k in ended if k not in ids]:
@@ -107,10 +115,9 @@ class Liveness:
             for e in gv.ranks:
                 if e.state and e.state.get("finished") is True and e.replica_id is not None \
                         and e.replica_id not in ended:
-                    at = e.state.get("step")
-                    at = at if type(at) is int else None
+                    at = _commits(e.state)
                     ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures
-                                           and (at is None or at <= self._down_at.get(r.url, at) + 1)}
+                                           and at <= self._down_at.get(r.url, at) + 1}
                     self._note_unheard(gv, e, full)
             if rid is not None:
                 # what was dead of an earlier incarnation is over (one found now, next sweep:
@@ -137,12 +144,11 @@ class Liveness:
             else:
                 if self._stepped.get(g, (None,))[0] != top:
                     self._stepped[g] = (top, now)
+                done = max(_commits(m.state) for m in manager_up)
                 for r in gv.ranks:
-                    if r.reachable:
-                        self._down_at.pop(r.url, None)
-                    else:
-                        self._down_at.setdefault(r.url, top)
-                down = [r for r in down if top <= self._down_at.get(r.url, top) + 1]
+                    if not r.reachable:
+                        self._down_at.setdefault(r.url, done)
+                down = [r for r in down if done <= self._down_at.get(r.url, done) + 1]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
