@@ -259,13 +259,12 @@ def test_a_rank_with_its_flight_recorder_off_testifies_nothing(served, flavour):
     assert hang.unknown_ranks == ([2] if flavour == "nccl" else [])
 
 
-@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
-@pytest.mark.parametrize("fetch", ["whole", "leaders"])
-def test_a_leader_with_its_flight_recorder_off_is_no_culprit_across_groups(fetch, flavour):
-    """Three replica groups; group 2's leader (rank 4) never enters quorum 2's all_reduce; group
-    1's (rank 2) did, run with TORCH_FR_BUFFER_SIZE=0: its WorkerServer still lists torchft's
-    incarnations (none resolved: no entry names them), no group, no count, no entry. Read whole
-    (an incident bundle) or as the monitor asks leaders (?pg=torchft&last=), rank 2 was named."""
+def recorder_off_hangs(flavour: str, fetch: str, absent: list[int], reached: int) -> dict:
+    """Three replica groups of two; ``absent`` never enter quorum 2's all_reduce; group 1's ranks
+    (leader 2) run with TORCH_FR_BUFFER_SIZE=0: their WorkerServer still lists torchft's
+    incarnations, up to quorum ``reached`` (none resolved: no entry names them), no group, no
+    count, no entry. Read whole (an incident bundle) or as the monitor asks leaders
+    (?pg=torchft&last=). Hangs by group rank."""
     job = FRJob(6, replica_group_size=2, flavour=flavour)
     for g in range(3):
         job.group(f"a{g}", [2 * g, 2 * g + 1])
@@ -277,19 +276,35 @@ def test_a_leader_with_its_flight_recorder_off_is_no_culprit_across_groups(fetch
     job.quorum(2, [0, 1, 2])
     for g in range(3):
         job.collective(f"a{g}")
-    job.ft_collective(absent=[4, 5])
+    job.ft_collective(absent=absent)
     dumps = job.dumps(ranks=None if fetch == "whole" else [0, 2, 4])
     for r in set(dumps) & {2, 3}:
         dumps[r].update(pg_config={}, pg_status={}, entries=[])
-        for i in dumps[r]["incarnations"]:
-            i.update(pg_id=None, pg_name=None, first_record_id=0)
+        dumps[r]["incarnations"] = [dict(i, pg_id=None, pg_name=None, first_record_id=0)
+                                    for i in dumps[r]["incarnations"] if i["quorum_id"] <= reached]
     if fetch == "leaders":
         dumps = {r: json.loads(filter_fr_dump(json.dumps(d).encode(), "torchft", FR_LAST_LEADERS))
                  for r, d in dumps.items()}
-    found = {f.group.group_rank: (f.group.quorum_id, f.culprit_ranks, f.waiting_ranks, f.unknown_ranks)
-             for f in analyze(dumps).findings if f.kind == "hang"}
+    return {f.group.group_rank: (f.group.quorum_id, f.culprit_ranks, f.waiting_ranks, f.unknown_ranks)
+            for f in analyze(dumps).findings if f.kind == "hang"}
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+@pytest.mark.parametrize("fetch", ["whole", "leaders"])
+def test_a_leader_with_its_flight_recorder_off_is_no_culprit_across_groups(fetch, flavour):
+    # group 2's leader (rank 4) never enters quorum 2's all_reduce; rank 2 did, its recorder
+    # off: it was named
     want = {0: (2, [4], [0], [2]), 1: (2, [5], [1], [3])}
-    assert found == (want if fetch == "whole" else {0: want[0]})
+    assert recorder_off_hangs(flavour, fetch, [4, 5], 2) == (want if fetch == "whole" else {0: want[0]})
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+@pytest.mark.parametrize("fetch", ["whole", "leaders"])
+def test_a_leader_with_its_flight_recorder_off_short_of_the_quorum_is_named(fetch, flavour):
+    # rank 2 hangs in quorum 2's configure: its incarnations (recorded once configure returns)
+    # stop at quorum 1, so it has not reached quorum 2, recorder or not; the hang was missed
+    want = {0: (2, [2], [0, 4], []), 1: (2, [3], [1, 5], [])}
+    assert recorder_off_hangs(flavour, fetch, [2, 3], 1) == (want if fetch == "whole" else {0: want[0]})
 
 
 @pytest.mark.parametrize("flavour", ["nccl", "gloo"])

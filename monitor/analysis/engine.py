@@ -348,8 +348,11 @@ def _ranks(ranks: list[int]) -> str:
 
 def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
     """The rank's last sequence id in the group, 0 if it provably enqueued none, else None."""
-    if trace is None or (trace.oldest_record_id is None and not trace.pg_listed):
-        return None  # its recorder was off: it lists no group, records nothing
+    if trace is None:
+        return None
+    # its recorder was off: it lists no group, records nothing; its WorkerServer still lists
+    # torchft's incarnations (none resolved to a group: no entry names one)
+    off = trace.oldest_record_id is None and not trace.pg_listed
     group = trace.groups.get(key)
     if group is not None:
         return group.last_seq
@@ -358,11 +361,14 @@ def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
         if first is not None:
             # nothing of this incarnation retained: fine if the buffer reaches back to its start
             covers = trace.oldest_record_id is None or trace.oldest_record_id <= first
-            return 0 if covers and _holds_all(trace, key) else None
+            return 0 if not off and covers and _holds_all(trace, key) else None
         if trace.is_torchft:
-            joined = [k.quorum_id for k in trace.incarnations if _slot(k) == _slot(key)]
+            joined = [k.quorum_id for k in trace.incarnations
+                      if _slot(k) == _slot(key) or (off and k.group_rank == key.group_rank)]
             if not joined or max(joined) < key.quorum_id:  # type: ignore[operator]
-                return 0  # it has not reached this quorum yet
+                return 0  # it has not reached this quorum yet (the tracker says so, off or not)
+        return None
+    if off:
         return None
     status = trace.enqueued.get(key.pg)
     if status is not None:  # NCCL's own count: its entries left out (onlyActive) or not

@@ -123,9 +123,10 @@ class TorchPoller:
         # asked again now; silent, the rank is unreachable, not merely its dump unread
         again = [u for u, d in dumps[FR_HANDLER].items()
                  if d.reason == "timeout" and self._handlers.get(u, ((), t0))[1] < t0]
-        for u in again:
-            del self._handlers[u]
-        self._list(again, out)
+        if again:
+            for u in again:
+                del self._handlers[u]
+            self._list(again, out)
         latency = time.monotonic() - t0
         for u in raw:
             if u in out:
@@ -186,8 +187,8 @@ class TorchPoller:
         a rank whose list cannot be read gets its failed poll in ``failed`` instead."""
         now = time.monotonic()
         if len(self._handlers) > 2 * len(urls) + 1024:  # restarted ranks' old addresses
-            keep = set(urls)
-            self._handlers = {u: h for u, h in self._handlers.items() if u in keep}
+            # by age, not by ``urls``: a sweep may ask a few ranks only (a drill, a re-ask)
+            self._handlers = {u: h for u, h in self._handlers.items() if now - h[1] < HANDLERS_TTL_S}
         out: dict[str, tuple[str, ...]] = {}
         ask = []
         for u in dict.fromkeys(urls):
