@@ -173,8 +173,11 @@ class Shards:
             if self.acting():
                 self._propose_findings(view, evidence, now, records)
             self._mirror_evictions(records)
+            # a slice with no rank at all (more shards than groups) has nothing to be cut off
+            # from: only the monitor's own blindness, else it would hold every kill of the job
             blind = blindness_of(evidence, mon.blind_reason(), mon.cfg.rails,
-                                 f"shard {self.cfg.index}")
+                                 f"shard {self.cfg.index}",
+                                 heard=not (view.ranks or mon.discovery.targets()))
             self._report(self.session.lease, {  # granted anew if it lapsed while proposing
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,

@@ -71,6 +71,21 @@ def test_a_shard_that_knows_no_verified_rank_reports_itself_blind(tmp_path, etcd
         sim.stop()
 
 
+def test_a_shard_whose_slice_holds_no_rank_is_not_blind(tmp_path, etcd_url):
+    """More shards than groups: a slice with no rank at all has nothing to be cut off from;
+    reported blind, it would hold every kill of the job at the leader."""
+    sim = SimRanks.start(0, groups=1)
+    etcd = Etcd(etcd_url)
+    mon = _shard0(tmp_path, sim, etcd_url)
+    try:
+        mon.sweep_once()
+        assert etcd.get(f"{ROOT}shards/0").json()["blind"] is None
+    finally:
+        mon.stop()
+        etcd.close()
+        sim.stop()
+
+
 def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url):
     """Group 3's ranks stop answering; a mismatch of group 3 is open (handed in as the sweep's
     detectors confirm one). The shard holding the slice proposes nothing for group 3 while
