@@ -118,11 +118,12 @@ class Monitor:
         self.lighthouse_status: LighthouseStatus | None = None
         self.lighthouse_error: str | None = None if cfg.lighthouse else "no --lighthouse"
         self._lighthouse = Trouble("cannot verify ranks, evictions held",
-                                   "the Lighthouse answers again: verifying ranks")
+                                   "the Lighthouse answers again: verifying ranks", log=log)
         self._targets_file = Trouble("last good targets kept (none before a good read)",
-                                     "the targets file is read again")
-        self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again")
-        self._sweep_trouble = Trouble("sweep failed", "sweeps succeed again", logging.ERROR)
+                                     "the targets file is read again", log=log)
+        self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again",
+                               log=log)
+        self._sweep_trouble = Trouble("sweep failed", "sweeps succeed again", logging.ERROR, log)
         self._refused: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
         self._refused_in = 0
         self._end_said_at: float | None = None  # a forgotten rank last said it ended/stopped

@@ -25,8 +25,8 @@ def test_an_unreachable_lighthouse_is_said_once_a_minute_and_when_it_answers(tmp
                                 job="unit"), clock=lambda: clock[0])
 
     def said(words: str) -> int:
-        return sum(words in r.getMessage() for r in caplog.records
-                   if r.levelno == logging.WARNING)
+        return sum(words in r.getMessage() for r in caplog.records  # under the monitor's own
+                   if r.levelno == logging.WARNING and r.name == "monitor.service")  # logger
 
     try:
         with caplog.at_level(logging.WARNING, logger="monitor.service"):
