@@ -207,15 +207,15 @@ class Monitor:
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            error = exc = None
+            error = exc = kind = None
             try:
                 self.sweep_once()
             except Exception as e:  # a bug in one stage must not end monitoring
-                error = f"{type(e).__name__}: {e}"
+                error, kind = f"{type(e).__name__}: {e}", type(e).__name__
                 # the audit log unwritable (full, locked) is no bug: one line, no traceback
                 exc = None if isinstance(e, sqlite3.OperationalError) else e
             self.loop_at = self.clock()
-            self._sweep_trouble.update(error, self.loop_at, exc)
+            self._sweep_trouble.update(error, self.loop_at, exc, kind)
             self.last_sweep_error = error
             if not error:
                 self.swept_at = self.loop_at

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 
 from lightkeeper.processes import wait_until
 from monitor.act.trouble import WARN_EVERY_S
@@ -102,6 +103,37 @@ def test_a_sweep_failing_on_is_said_once_a_minute_with_its_traceback(tmp_path, c
             assert len(failed) == 2, failed  # at its start and a minute later
             assert all(r.levelno == logging.ERROR and r.exc_info for r in failed)
             assert sum(r.getMessage() == "sweeps succeed again" for r in caplog.records) == 1
+    finally:
+        mon.stop()
+
+
+def test_another_kind_of_sweep_failure_is_said_at_once(tmp_path, caplog):
+    """A full disk fails sweep after sweep; a bug in one stage fails one sweep between: its line
+    and traceback are said at once (before: hidden, the disk's minute not over)."""
+    clock = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, interval_s=0.05, state_path=str(tmp_path / "m.db"),
+                                job="unit"), clock=lambda: clock[0])
+    calls = []
+
+    def sweep():  # 5 s of the monitor's clock each
+        calls.append(clock[0])
+        clock[0] += 5.0
+        if len(calls) == 4:
+            raise KeyError("a bug in a stage")
+        if len(calls) <= 7:
+            raise sqlite3.OperationalError("database or disk is full")
+
+    mon.sweep_once = sweep
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.service"):
+            mon.start(serve=False)
+            wait_until(lambda: len(calls) >= 9, 30, what="9 sweeps")
+            said = [r for r in caplog.records if r.getMessage().startswith("sweep failed")]
+            assert [r.getMessage() for r in said] == [
+                "sweep failed: OperationalError: database or disk is full",
+                "sweep failed: KeyError: 'a bug in a stage'",
+                "sweep failed: OperationalError: database or disk is full"], said
+            assert said[1].exc_info and not said[0].exc_info
     finally:
         mon.stop()
 
