@@ -1,7 +1,7 @@
 """The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
 fixture: nodes ``n1``, ``n2``; root only): the release of a node Slurm does not know, and two
 jobs' monitors writing one node's drain at the same time, a node named by its NodeHostname
-and a release by a job the drain does not list."""
+(and an older version's drain through one) and a release by a job the drain does not list."""
 
 from __future__ import annotations
 
@@ -117,6 +117,35 @@ def test_a_node_named_by_its_node_hostname_is_never_updated(slurm, monkeypatch):
         res = sink.release({**alias, "event": "release"})
         assert res.ok and res.detail == "node localhost unknown to Slurm, nothing to release"
         assert node("n1") == (bool(held), held)
+
+
+def test_an_older_versions_drain_through_a_node_hostname_is_released(slurm, monkeypatch):
+    """An older version quarantined node ``localhost`` with ``update NodeName=localhost``,
+    which drained n1 (its NodeHostname); ``show node localhost`` finds none. The release finds
+    n1 by its NodeHostName and a Lightkeeper reason listing the job, or no job, and takes the
+    job off as usual (the others' kept); a drain by another job or an operator is left."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    release = {**EVENT, "event": "release", "node": "localhost", "job": "a"}
+    why = "dead_rank finding 9 replica_group 1"
+    for reason, after in ((f"lightkeeper(a): {why}", (False, "")),
+                          (f"lightkeeper: {why}", (False, "")),
+                          (f"lightkeeper(a,b): {why}", (True, "lightkeeper(b): still "
+                                                                "quarantined by b")),
+                          (f"lightkeeper(b): {why}", None),
+                          ("operator: bad DIMM", None)):
+        subprocess.run(["scontrol", "update", "NodeName=localhost", "State=DRAIN",
+                        f"Reason={reason}"], check=True)
+        assert node("n1") == (True, reason) and node("n2") == (False, "")
+        res = sink.release(release)
+        assert res.ok, res.detail
+        if after is None:
+            assert res.detail == "node localhost unknown to Slurm, nothing to release", \
+                res.detail
+        else:
+            assert res.detail.startswith("scontrol update NodeName=n1 "), res.detail
+        assert node("n1") == (after or (True, reason)) and node("n2") == (False, "")
 
 
 def test_a_release_by_a_job_the_drain_does_not_list_leaves_it(slurm, monkeypatch):

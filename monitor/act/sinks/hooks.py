@@ -154,6 +154,8 @@ class SlurmSink:
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
         found = self._find(node)
+        if found is None and what is None:
+            found = self._alias(node, str(event.get("job") or ""))
         if isinstance(found, ActionResult):
             return found
         if found is None:  # known by neither name
@@ -210,40 +212,76 @@ class SlurmSink:
         Slurm knows by neither name, or the failed attempt when the state cannot be read: an
         update on an unread state could lift or overwrite someone else's drain."""
         for name in dict.fromkeys((node, node.split(".")[0])):
-            argv = [SCONTROL, "show", "node", name]
-            try:
-                p = subprocess.run(argv, capture_output=True, text=True, errors="replace",
-                                   timeout=self.timeout_s)
-            except FileNotFoundError:
-                return ActionResult(False, f"{SCONTROL} not found", retry=False)
-            except subprocess.TimeoutExpired:
-                return ActionResult(False, f"cannot read node state: {' '.join(argv)} did not "
-                                           f"finish within {self.timeout_s:g}s (killed)")
-            except (OSError, subprocess.SubprocessError) as e:
-                return ActionResult(False, f"cannot read node state: {e}",
-                                    retry=not isinstance(e, PermissionError))
-            out = p.stdout
-            if f"NodeName={name} " not in out:
-                said = f"{out}\n{p.stderr}"  # Slurm 22.05 says "not found" on stdout
+            p = self._show(name)
+            if isinstance(p, ActionResult):
+                return p
+            if f"NodeName={name} " not in p.stdout:
+                said = f"{p.stdout}\n{p.stderr}"  # Slurm 22.05 says "not found" on stdout
                 if p.returncode == 0 or f"Node {name} not found" in said \
                         or "Invalid node name" in said:
                     continue  # no such node: its first label next, or the update says why
-                err = redact_shown(p.stderr.strip() or out).strip()[-300:]
-                return ActionResult(False, f"cannot read node state: {' '.join(argv)} exited "
-                                           f"{p.returncode}: {err}", retry=not _for_good(said))
-            # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
-            # as POWERED_DOWN (a cloud node asleep) is no DOWN
-            flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
-            reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
-            # DOWN with no reason or Slurm's own "Not responding" is no one's: drained, so it
-            # stays out when it answers again; an operator's reason is still theirs
-            down = any(f.rstrip("*") == "DOWN" for f in flags) and not (
-                not reason or reason.startswith("Not responding") or DRAINED_BY.fullmatch(reason))
-            held = ("failed" if any(f.startswith("FAIL") for f in flags) else
-                    "drained" if any(f.startswith("DRAIN") for f in flags) else
-                    "down" if down else None)
-            return name, held, reason if held else None
+                return _unread(p)
+            return (name, *_held(p.stdout))
         return None
+
+    def _alias(self, node: str, raw: str) -> tuple[str, str | None, str | None] | ActionResult \
+            | None:
+        """For a release: the node an older version drained through ``node``, its NodeHostName
+        or NodeAddr (``update`` takes those, ``show`` does not), as ``_find`` says it, if its
+        reason is a Lightkeeper drain listing this job or no job; else None."""
+        p = self._show()
+        if isinstance(p, ActionResult):
+            return p
+        if p.returncode:
+            return _unread(p)
+        for out in p.stdout.split("\n\n"):
+            names = dict(re.findall(r"\b(NodeName|NodeAddr|NodeHostName)=(\S+)",
+                                    out.partition("Reason=")[0]))
+            held, reason = _held(out)
+            m = DRAINED_BY.fullmatch(reason or "")
+            if node in (names.get("NodeHostName"), names.get("NodeAddr")) and m and (
+                    m[1] is None or _jobs(m) & {slurm_job(raw), _fold(raw)}):
+                return names["NodeName"], held, reason
+        return None
+
+    def _show(self, *names: str) -> subprocess.CompletedProcess | ActionResult:
+        """``scontrol show node [names]``, or the failed attempt when it could not run."""
+        argv = [SCONTROL, "show", "node", *names]
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                                  timeout=self.timeout_s)
+        except FileNotFoundError:
+            return ActionResult(False, f"{SCONTROL} not found", retry=False)
+        except subprocess.TimeoutExpired:
+            return ActionResult(False, f"cannot read node state: {' '.join(argv)} did not "
+                                       f"finish within {self.timeout_s:g}s (killed)")
+        except (OSError, subprocess.SubprocessError) as e:
+            return ActionResult(False, f"cannot read node state: {e}",
+                                retry=not isinstance(e, PermissionError))
+
+
+def _unread(p: subprocess.CompletedProcess) -> ActionResult:
+    said = f"{p.stdout}\n{p.stderr}"
+    err = redact_shown(p.stderr.strip() or p.stdout).strip()[-300:]
+    return ActionResult(False, f"cannot read node state: {' '.join(p.args)} exited "
+                               f"{p.returncode}: {err}", retry=not _for_good(said))
+
+
+def _held(out: str) -> tuple[str | None, str | None]:
+    """How the node ``scontrol show node`` printed in ``out`` is held
+    (``failed``/``drained``/``down``/None), and the reason it is held with."""
+    # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
+    # as POWERED_DOWN (a cloud node asleep) is no DOWN
+    flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
+    reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+    # DOWN with no reason or Slurm's own "Not responding" is no one's: drained, so it
+    # stays out when it answers again; an operator's reason is still theirs
+    down = any(f.rstrip("*") == "DOWN" for f in flags) and not (
+        not reason or reason.startswith("Not responding") or DRAINED_BY.fullmatch(reason))
+    held = ("failed" if any(f.startswith("FAIL") for f in flags) else
+            "drained" if any(f.startswith("DRAIN") for f in flags) else
+            "down" if down else None)
+    return held, reason if held else None
 
 
 def _jobs(m: re.Match | None) -> set[str]:
