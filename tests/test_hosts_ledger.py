@@ -504,3 +504,43 @@ def test_a_k8s_release_after_a_restart_under_another_job_lifts_the_taint(tmp_pat
     assert by_host(again, clock())["h1"]["last_action"]["status"] == "done"
     assert [t["key"] for t in api.node["spec"]["taints"]] == ["other"]
     assert api.node["spec"]["unschedulable"] is False
+
+
+def test_an_old_jobs_release_still_retried_is_not_dropped_for_a_new_jobs_quarantine(tmp_path):
+    """h1 quarantined under job alpha; restarted under beta, its release (alpha's drain) is
+    retried while slurmctld is away when beta quarantines h1 again. Beta's quarantine holds
+    beta's own drain: alpha's release must still reach the sink, else alpha's drain stays."""
+
+    class Slurm(RecordingSink):  # releases fail (retryable) while ``down``
+        down = False
+
+        def release(self, event):
+            self.calls.append(event)
+            return ActionResult(False, "slurmctld away") if self.down else ActionResult(True, "ok")
+
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    cfg = QuarantineConfig(max_quarantined=4)
+    alpha = HostLedger(store, cfg, [Slurm()], "alpha", clock)
+    alpha.record([finding("hang", "h1", 1)], clock())
+    alpha.decide(clock(), None, 40)
+    alpha.run_actions(clock())
+    sink = Slurm()
+    sink.down = True
+    beta = HostLedger(store, cfg, [sink], "beta", clock)
+    beta.release("h1", "fixed")
+    beta.run_actions(clock())
+    clock.t += 10_000  # past the released window
+    beta.decide(clock(), None, 40)
+    beta.record([finding("hang", "h1", 2)], clock())
+    assert [d["decision"] for d in beta.decide(clock(), None, 40)] == ["quarantine"]
+    sink.down = False
+    clock.t += 1000
+    beta.run_actions(clock())
+    beta.release("h1", "fixed again")
+    beta.run_actions(clock())
+    assert sorted((e["event"], e["job"]) for e in sink.calls) == [
+        ("quarantine", "beta"), ("release", "alpha"), ("release", "alpha"), ("release", "beta")]
+    assert sorted((a["op"], a["event"]["job"], a["status"]) for a in store.host_actions()) == [
+        ("quarantine", "alpha", "done"), ("quarantine", "beta", "done"),
+        ("release", "alpha", "done"), ("release", "beta", "done")]

@@ -192,8 +192,11 @@ class HostActions:
                         a["sink"]) or {}
                 if (known.get("id") or 0) > max((r["id"] for r in rows), default=0):
                     rows = self.store.host_actions()
+                # only the same job's next action overtakes it: another job's quarantine holds
+                # its own drain or taint, so an older job's release must still lift that job's
                 later = sorted((r for r in rows if r["host"] == a["host"]
-                                and r["sink"] == a["sink"] and r["id"] > a["id"]),
+                                and r["sink"] == a["sink"] and r["id"] > a["id"]
+                                and r["event"].get("job") == a["event"].get("job")),
                                key=lambda r: r["id"])
                 if later:  # attempted or not, never carried out after the host's next action
                     self._supersede(a, later[0], settled)
