@@ -21,6 +21,7 @@ from lightkeeper.processes import stop_process, wait_until
 from monitor.config import DetectorConfig, MonitorConfig
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.evidence.verification import UNVERIFIED, VERIFIED, Trust
 from monitor.service import Monitor
 from tests.test_monitor_detectors import T0, Job
 from worker_server.state import node_name
@@ -265,6 +266,118 @@ def test_a_rank_without_a_first_quorum_missing_a_poll_keeps_its_clock_and_findin
     assert named(det) == []
     assert [(f.replica_group, f.resolution) for f in det.resolved_findings()
             if f.kind == "stuck_starting"] == [(1, "left_job")]
+
+
+def starting_job() -> tuple[Job, Detectors]:
+    """Three groups of one rank; group 1's rank (replica id ``replica_group_1:sim``) waits for a
+    first quorum the Lighthouse never forms, the others train in quorum 4."""
+    job = Job(groups=3, ranks=1)
+    job.states[1].update(quorum_id=-1, phase="quorum", step=0)
+    return job, Detectors(DetectorConfig(starting_timeout_s=TIMEOUT))
+
+
+def sweep_starting(det: Detectors, job: Job, t: float, down=(), lighthouse=None,
+                   verify: bool = True) -> list:
+    """Groups 0 and 2 commit a step; the ranks ``down`` do not answer; ``verify`` False: group
+    1's rank is not verified (its answers reach only the full view). The findings confirmed."""
+    job.down = set(down)
+    for r in (0, 2):
+        job.states[r].update(quorum_id=4, step=job.states[r]["step"] + 1, last_step_at=T0 + t)
+    view = job.view(T0 + t, judge=lambda ranks, changed: {u: Trust(
+        VERIFIED, "ok", "", True) if verify or u != job.targets[1].url else Trust(
+        UNVERIFIED, "unknown_replica_id", "", False) for u in changed})
+    found = det.update(view.evidence(), None, T0 + t, full_view=view, lighthouse=lighthouse)
+    assert det.last_error is None
+    return found
+
+
+@pytest.mark.parametrize("case", ["monitor_cut_off", "heartbeating"])
+def test_a_rank_without_a_first_quorum_unanswered_while_the_monitor_may_be_cut_off_stays_named(
+        case):
+    """Its rank, never verified (the finding has no replica id), stops answering for longer
+    than --dead-sweeps sweeps while the monitor reaches no group, or while the Lighthouse still
+    hears the replica id the rank last reported: nothing started, nothing left; back, it is the
+    same finding on the same clock."""
+    job, det = starting_job()
+    hb = {f"replica_group_{g}:sim": 0.1 for g in range(3)}
+
+    def lh(t):
+        return LighthouseStatus(4, status(4, g0=t // 5, g2=t // 5).members, hb) \
+            if case == "heartbeating" else None
+
+    for t in range(0, 35, 5):
+        sweep_starting(det, job, t, lighthouse=lh(t), verify=False)
+    assert named(det) == [(1, [1], None)]
+    down = {0, 1, 2} if case == "monitor_cut_off" else {1}
+    for t in range(35, 35 + 5 * (det.cfg.dead_sweeps + 3), 5):
+        found = sweep_starting(det, job, t, down, lh(t), verify=False)
+        assert [f for f in found if f.kind == "stuck_starting"] == [], t
+        assert named(det) == [(1, [1], None)], t
+    back = 35 + 5 * (det.cfg.dead_sweeps + 3)
+    found = sweep_starting(det, job, back, lighthouse=lh(back), verify=False)
+    assert [f for f in found if f.kind == "stuck_starting"] == []
+    assert [(f.replica_group, f.first_seen) for f in det.open_findings()
+            if f.kind == "stuck_starting"] == [(1, T0)]
+    assert [f for f in det.resolved_findings() if f.kind == "stuck_starting"] == []
+
+
+@pytest.mark.parametrize("spell", ["lighthouse_unread", "monitor_cut_off"])
+def test_left_job_counts_only_sweeps_in_which_every_guard_held(spell):
+    """A left-out group stops answering: sweeps the Lighthouse (read before) could not be read,
+    or in which the monitor reached no group, count none of --dead-sweeps and start the count
+    again; it closes `left_job` on the --dead-sweeps-th sweep every guard held, not before."""
+    job, det = left_out_job()
+    hb = {f"replica_group_{g}:sim": 0.1 for g in range(3)}
+
+    def lh(t, heard=hb):
+        return LighthouseStatus(4, status(4, g0=t // 5, g2=t // 5).members, heard) \
+            if spell == "lighthouse_unread" else None
+
+    for t in range(0, 35, 5):
+        sweep(det, job, t, lighthouse=lh(t))
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    for t in range(35, 60, 5):
+        if spell == "lighthouse_unread":  # still heard, one read failing
+            job.down = set(job.members(1))
+            assert sweep(det, job, t, lighthouse=None if t == 50 else lh(t)) == [], t
+        else:  # no group answers
+            job.down = set(range(6))
+            assert sweep(det, job, t) == [], t
+        assert named(det) == [(1, [2, 3], "replica_group_1:sim")], t
+    # the others answer, the Lighthouse (if read) hears group 1 no more
+    job.down = set(job.members(1))
+    unheard = {k: v for k, v in hb.items() if k != "replica_group_1:sim"}
+    gone = 60 + 5 * (det.cfg.dead_sweeps - 1)
+    for t in range(60, gone, 5):
+        assert sweep(det, job, t, lighthouse=lh(t, unheard)) == [], t
+        assert named(det) == [(1, [2, 3], "replica_group_1:sim")], t
+    sweep(det, job, gone, lighthouse=lh(gone, unheard))
+    assert named(det) == []
+    assert [(f.replica_group, f.resolution, f.resolved_at) for f in det.resolved_findings()
+            if f.kind == "stuck_starting"] == [(1, "left_job", T0 + gone)]
+
+
+@pytest.mark.parametrize("case", ["crashed", "missed_a_poll"])
+def test_a_rank_without_a_first_quorum_opens_its_finding_only_answering(case):
+    """Its rank stops answering just before --starting-timeout: its last poll, carried, keeps
+    its clock but opens nothing; crashed, it is `dead` alone; answering again (a busy process
+    that missed a poll), its finding opens on the clock it kept."""
+    job, det = starting_job()
+    job.states[1].update(replica_id=None, phase="starting")
+    found = []
+    for t in range(0, 30, 5):
+        found += sweep_starting(det, job, t, down={1} if t >= 25 else ())
+    last = 35 + 5 * det.cfg.dead_sweeps
+    for t in range(30, last, 5):
+        new = sweep_starting(det, job, t, down={1} if case == "crashed" or t == 30 else ())
+        found += [(t, f.kind, f.first_seen) for f in new]
+    if case == "crashed":
+        assert [k for _, k, _ in found] == ["dead"]
+        assert named(det) == []
+        assert [f for f in det.resolved_findings() if f.kind == "stuck_starting"] == []
+    else:
+        assert found == [(35, "stuck_starting", T0)]
+        assert named(det) == [(1, [1], None)]
 
 
 @pytest.mark.parametrize("case", ["short", "stalled", "one_step", "new_incarnation", "held"])

@@ -71,6 +71,8 @@ class Liveness:
         self._unheard: dict[tuple[int, str], tuple[set[str], bool]] = {}  # (group, replica id)
         # -> never verified ranks down when its stop was read (crashed), and whether found
         self._left_out = LeftOut(cfg)  # stuck_starting's other shape: out of the job's quorums
+        self._away: dict[tuple, int] = {}  # stuck_starting key -> sweeps its group was away
+        self._lh_read = False  # a Lighthouse status was read once (None since: a failed read)
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = (),
              full: ClusterView | None = None) -> list[Finding]:
@@ -353,12 +355,15 @@ class Liveness:
                 continue
             starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
         # a rank not polled now, or that missed fewer than --dead-sweeps polls (a busy
-        # process): as its last poll said, its clock kept
+        # process), or whose group is away with its finding open: its clock kept
+        ds, findings, new = self.cfg.dead_sweeps, self.findings, []
+        held = {k[1] for k in findings.open if k[0] == "stuck_starting"
+                and k[1] in full.groups and not full.groups[k[1]].reachable}
         for ident in self._starting:
             r = full.ranks.get(ident[0])
             if r is not None and r.replica_group is not None and (
                     r.reachable and not r.fresh or not r.reachable and not r.superseded
-                    and r.failures < self.cfg.dead_sweeps):
+                    and (r.failures < ds or r.replica_group in held)):
                 starting.setdefault(r.url, ident)
         seen = set(starting.values())
         stuck: dict[int, list[RankView]] = {}
@@ -368,25 +373,30 @@ class Liveness:
                 stuck.setdefault(r.replica_group, []).append(r)
         for ident in [i for i in self._starting if i not in seen]:
             del self._starting[ident]
-        findings, new = self.findings, []
         left, still = self._left_out.judge(view, now, set(stuck), lighthouse) if view is not None \
             else ({}, set())
         # one left out stays named until it steps or takes part again, whether judged this
         # sweep or not (held, the others stalled, a blip of its ranks); a new incarnation
         # replaces it (its clock starts afresh); a group none of whose ranks answered for
-        # --dead-sweeps sweeps left the job (ended), unless the monitor may be the one cut off
+        # --dead-sweeps sweeps left the job (ended), counting only sweeps the monitor reached a
+        # group and read the Lighthouse (if it ever did), which did not hear the replica
         seen_any = any(v.reachable for v in full.groups.values())
+        self._lh_read |= lighthouse is not None
+        gone, self._away = self._away, {}
         for key, f in [(k, f) for k, f in findings.open.items() if k[0] == "stuck_starting"
                        and k[1] in full.groups]:
             g, left_out = key[1], f.evidence.get("shape") == "left_out"
             gv, fg = view.groups.get(g) if view is not None else None, full.groups[g]
+            n = 0
+            if seen_any and not fg.reachable and (lighthouse is None and not self._lh_read or (
+                    lighthouse is not None and not lighthouse.heartbeating(
+                        key[2] or fg.replica_id or ""))):
+                n = self._away[key] = gone.get(key, 0) + 1
             if left_out and gv is not None and gv.replica_id not in (None, key[2]):
                 findings.resolve(key, "replaced", now)
-            elif seen_any and not fg.reachable and all(
-                    r.ended or r.failures >= self.cfg.dead_sweeps for r in fg.ranks) and not (
-                    lighthouse is not None and lighthouse.heartbeating(key[2] or "")):
+            elif n >= ds or n and all(r.ended for r in fg.ranks):
                 findings.resolve(key, "left_job", now)
-            elif g not in stuck and not (left_out and g in still):
+            elif fg.reachable and g not in stuck and not (left_out and g in still):
                 findings.resolve(key, "started", now)
         for lo in left.values():
             new.append(findings.confirm(
@@ -400,6 +410,11 @@ class Liveness:
             rid = mem.replica_id if mem is not None else None
             if rid is not None and any(r.replica_id not in (None, rid) for r in ranks):
                 rid = None
+            if ("stuck_starting", g, rid) not in findings.open:
+                # one carried unanswered (crashed?) keeps its clock: its stale poll opens nothing
+                ranks = [r for r in ranks if r.reachable]
+                if not ranks:
+                    continue
             first = min(self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
                         for r in ranks)
             numbers = sorted(r.rank for r in ranks if r.rank is not None)
