@@ -2,9 +2,9 @@
 monitor/act/enforcer.py; docs/monitor.md, Eviction and safety rails): one decide loop, so a
 finding of a group no rank of which answers is no proposal either, and one blindness rule.
 
-One monitor of shard 0/1 in this process on a real etcd (tests/test_monitor_shard.py), simulated
-ranks (tests/support/monitor_sim.py), the Lighthouse's status faked (every group in the quorum
-and heard); swept by hand.
+Monitors of shards in this process on a real etcd (tests/test_monitor_shard.py), simulated ranks
+(tests/support/monitor_sim.py), the Lighthouse's status faked (every group in the quorum and
+heard); swept by hand.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsCon
 from monitor.detect import Finding
 from monitor.lease import Etcd
 from monitor.service import Monitor
+from monitor.shard import Leader, shard_of
 from tests.support.monitor_sim import SimRanks
-from tests.test_monitor_shard import running_etcd
+from tests.test_monitor_shard import _Lighthouse, running_etcd
 from tests.test_shard_rails import PREFIX, ROOT
 from tests.test_shard_standby_actions import GROUPS, _Reader
 
@@ -27,15 +28,17 @@ def etcd_url(tmp_path):
         yield url
 
 
-def _shard0(tmp_path, sim: SimRanks, etcd_url: str, **rails) -> Monitor:
-    """Shard 0/1 on the real etcd, its ranks ``sim``'s; --dead-sweeps 10: no group is judged
-    gone while a test runs."""
+def _shard(tmp_path, sim: SimRanks, etcd_url: str, index: int = 0, shards: int = 1,
+           **rails) -> Monitor:
+    """Shard ``index``/``shards`` on the real etcd, its ranks ``sim``'s; --dead-sweeps 10: no
+    group is judged gone while a test runs."""
     mon = Monitor(MonitorConfig(
-        port=0, state_path=str(tmp_path / "m.sqlite"), targets=sim.urls, job="sim",
+        port=0, state_path=str(tmp_path / f"m{index}.sqlite"), targets=sim.urls, job="sim",
         lighthouse="http://127.0.0.1:1", bundles=BundleConfig(enabled=False),
         detectors=DetectorConfig(dead_sweeps=10),
         rails=RailsConfig(min_replicas=1, cooldown_s=0, **rails),
-        shard=ShardConfig(shards=1, index=0, etcd=etcd_url, etcd_prefix=PREFIX, lease_ttl_s=5)))
+        shard=ShardConfig(shards=shards, index=index, etcd=etcd_url, etcd_prefix=PREFIX,
+                          lease_ttl_s=5)))
     mon.lighthouse_reader.close()
     mon.lighthouse_reader = _Reader()
     return mon
@@ -49,7 +52,7 @@ def test_a_shard_that_knows_no_verified_rank_reports_itself_blind(tmp_path, etcd
     for r in sim.ranks:
         r.set_mode("down")
     etcd = Etcd(etcd_url)
-    mon = _shard0(tmp_path, sim, etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url)
 
     def reported_blind() -> str | None:
         return etcd.get(f"{ROOT}shards/0").json()["blind"]
@@ -71,17 +74,45 @@ def test_a_shard_that_knows_no_verified_rank_reports_itself_blind(tmp_path, etcd
         sim.stop()
 
 
-def test_a_shard_whose_slice_holds_no_rank_is_not_blind(tmp_path, etcd_url):
-    """More shards than groups: a slice with no rank at all has nothing to be cut off from;
-    reported blind, it would hold every kill of the job at the leader."""
-    sim = SimRanks.start(0, groups=1)
+def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url):
+    """Two shards, one group (group 0, shard 0's): shard 1's slice holds no rank while the job
+    has some, every one placed in shard 0's slice. Shard 1 has nothing to be cut off from: it
+    reports itself not blind, so the leader kills group 0 on shard 0's proposal (blind, it would
+    hold every kill of the job)."""
+    assert shard_of(0, 2) == 0
+    sim = SimRanks.start(2, groups=1)
     etcd = Etcd(etcd_url)
-    mon = _shard0(tmp_path, sim, etcd_url)
+    m0 = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), shards=2)
+    m1 = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), index=1, shards=2)
+    rid = "replica_group_0:sim"
+    # the Lighthouse hears more groups than the ranks show: min replicas holds no kill
+    lighthouse = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)])
+    leader = Leader(m0.shard.cfg, m0, ROOT)
+    leader.lighthouse.close()
+    leader.reader.close()
+    leader.lighthouse = leader.reader = lighthouse
     try:
-        mon.sweep_once()
-        assert etcd.get(f"{ROOT}shards/0").json()["blind"] is None
+        for _ in range(2):
+            m0.sweep_once()
+            m1.sweep_once()
+        f = Finding("mismatch", 0, rid, [0], {"culprits": [{"rank": 0, "step": 10**9}]},
+                    m0.clock(), m0.clock())
+        assert m0.detectors.report(f)
+        m0.enforcer.record([f], m0.clock())
+        m0.sweep_once()
+        m1.sweep_once()
+        report = etcd.get(f"{ROOT}shards/1").json()
+        assert (report["ranks"], report["blind"]) == (0, None)
+        assert [kv.key for kv in etcd.range_prefix(f"{ROOT}proposals/")] == \
+            [f"{ROOT}proposals/{rid}"]
+        assert leader.election.campaign()
+        leader._lead_once()  # one tick of Leader.run, on this thread
+        assert lighthouse.kills == [rid]
     finally:
-        mon.stop()
+        leader.election.resign()
+        leader.etcd.close()
+        m0.stop()
+        m1.stop()
         etcd.close()
         sim.stop()
 
@@ -93,7 +124,7 @@ def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url
     it proposes the eviction, and withdraws it when they stop answering before a kill."""
     sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
     etcd = Etcd(etcd_url)
-    mon = _shard0(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
     rid = "replica_group_3:sim"
 
     def proposals() -> list[str]:
