@@ -14,7 +14,7 @@ from typing import Any
 
 from http_serving import redact_url
 
-from .act.enforcer import blindness_of
+from .act.enforcer import blindness_of, out_of_sight
 from .act.trouble import Trouble
 from .config import ShardConfig
 from .lease import KV, Etcd, EtcdError, SessionLease, created_never, leased_by, modified_at
@@ -300,6 +300,13 @@ class Shards:
 
         local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
         if mon.enforcer.decide(view, evidence, now, local, propose):
+            if mon.enforcer.blindness(view) is None:
+                # its group out of sight, a proposal made stays while its finding is open (it
+                # resolves as left_job after --dead-sweeps): a flapping group is not proposed,
+                # with a bundle fetched, and withdrawn every other sweep
+                wanted.update(f.replica_id for f in mon.detectors.open_findings()
+                              if f.replica_id in self._proposed and f.kind in local.evict_kinds
+                              and out_of_sight(evidence, f))
             self._withdraw(wanted, records)
 
     def _renewed(self) -> bool:
@@ -313,9 +320,9 @@ class Shards:
         return True
 
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
-        """Delete this shard's automatic proposals that no open finding of this run (of a group it
-        sees: out_of_sight) stands behind and no leader acted on: a leader never evicts on evidence
-        the shard no longer holds (one of an earlier run goes too: the next sweep proposes anew)."""
+        """Delete this shard's automatic proposals that no open finding of this run stands behind
+        (or it is blind) and no leader acted on: a leader never evicts on evidence the shard no
+        longer holds (one of an earlier run goes too: the next sweep proposes anew)."""
         proposals = _by_rid(self.etcd, self.root + "proposals/")
         # one gone (withdrawn by another run that held the slice meanwhile): proposed anew
         self._proposed &= proposals.keys()
@@ -331,7 +338,7 @@ class Shards:
                                     else modified_at(record, rec.mod_revision),
                                     modified_at(kv.key, kv.mod_revision)], kv.key):
                 self._proposed.discard(rid)
-                detail = ("no open finding of a group this shard sees stands behind the proposal"
+                detail = ("no open finding stands behind the proposal, or this shard is blind"
                           if p.get("run") == self.run else "made by an earlier run of this "
                           "shard: proposed anew while a finding stands behind it")
                 log.warning("withdrew the proposal to evict %s: %s", rid, detail)

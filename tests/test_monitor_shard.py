@@ -794,7 +794,7 @@ class _Monitor:
         self.detectors = SimpleNamespace(open_findings=lambda: [f for f, _ in
                                                                 self.open.values()])
         self.enforcer = SimpleNamespace(
-            decide=self._decide, keep_bundle=lambda *a: None,
+            decide=self._decide, keep_bundle=lambda *a: None, blindness=lambda view: None,
             finding_id=lambda key: self.open[key][1])
 
     def _decide(self, view, evidence, now, rails, evict) -> bool:

@@ -29,12 +29,12 @@ def etcd_url(tmp_path):
 
 
 def _shard(tmp_path, sim: SimRanks, etcd_url: str, index: int = 0, shards: int = 1,
-           **rails) -> Monitor:
+           bundles: bool = False, **rails) -> Monitor:
     """Shard ``index``/``shards`` on the real etcd, its ranks ``sim``'s; --dead-sweeps 10: no
     group is judged gone while a test runs."""
     mon = Monitor(MonitorConfig(
         port=0, state_path=str(tmp_path / f"m{index}.sqlite"), targets=sim.urls, job="sim",
-        lighthouse="http://127.0.0.1:1", bundles=BundleConfig(enabled=False),
+        lighthouse="http://127.0.0.1:1", bundles=BundleConfig(enabled=bundles, timeout_s=0.5),
         detectors=DetectorConfig(dead_sweeps=10),
         rails=RailsConfig(min_replicas=1, cooldown_s=0, **rails),
         shard=ShardConfig(shards=shards, index=index, etcd=etcd_url, etcd_prefix=PREFIX,
@@ -121,7 +121,7 @@ def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url
     """Group 3's ranks stop answering; a mismatch of group 3 is open (handed in as the sweep's
     detectors confirm one). The shard holding the slice proposes nothing for group 3 while
     nobody sees it (a single monitor would not kill it either); once its ranks answer again,
-    it proposes the eviction, and withdraws it when they stop answering before a kill."""
+    it proposes the eviction."""
     sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
     etcd = Etcd(etcd_url)
     mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
@@ -155,12 +155,55 @@ def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url
             if proposals():
                 break
         assert proposals() == [rid]
-        for r in sim.group(3):  # out of sight again before any leader acted: withdrawn
-            r.set_mode("down")
+    finally:
+        mon.stop()
+        etcd.close()
+        sim.stop()
+
+
+def test_a_proposal_stays_while_its_group_flaps_and_goes_once_its_finding_resolves(
+        tmp_path, etcd_url):
+    """A mismatch of group 3 is open and proposed; the group's ranks then stop answering every
+    other sweep. The proposal stays (one proposal, one audit row, one incident bundle), not
+    withdrawn and made again each time the group comes back, and no leader acts meanwhile. Out
+    of sight for --dead-sweeps sweeps, the finding resolves (left_job) and the proposal goes."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    etcd = Etcd(etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url, bundles=True, evict_kinds=("mismatch",))
+    rid = "replica_group_3:sim"
+
+    def proposals() -> list[str]:
+        return [kv.key.rsplit("/", 1)[1] for kv in etcd.range_prefix(f"{ROOT}proposals/")]
+
+    try:
+        for _ in range(2):
+            mon.sweep_once()
+        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
+                    mon.clock(), mon.clock())
+        assert mon.detectors.report(f)
+        mon.enforcer.record([f], mon.clock())
         mon.sweep_once()
+        assert proposals() == [rid]
+        for _ in range(3):
+            for mode in ("down", "ok"):
+                for r in sim.group(3):
+                    r.set_mode(mode)
+                mon.sweep_once()
+                assert proposals() == [rid], mode
+        assert [(d["decision"], d["reason"]) for d in mon.store.decisions()] == [
+            ("proposed", "mismatch")]
+        assert mon.cluster_json()["shard"]["proposals_made"] == len(mon.store.bundles()) == 1
+        for r in sim.group(3):
+            r.set_mode("down")
+        for _ in range(mon.cfg.detectors.dead_sweeps + 2):
+            mon.sweep_once()
+            if not proposals():
+                break
         assert proposals() == []
+        assert [x["resolution"] for x in mon.store.findings() if x["kind"] == "mismatch"] == [
+            "left_job"]
         assert [d["detail"] for d in mon.store.decisions(decision="withdrawn")] == [
-            "no open finding of a group this shard sees stands behind the proposal"]
+            "no open finding stands behind the proposal, or this shard is blind"]
     finally:
         mon.stop()
         etcd.close()
