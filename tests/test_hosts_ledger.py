@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 
 from monitor.act.hosts import HostLedger, protected_hosts
 from monitor.act.sinks import ActionResult
+from monitor.act.sinks.hooks import ExecSink
 from monitor.api.metrics import MonitorMetrics
 from monitor.config import QuarantineConfig
 from monitor.store import Store
@@ -512,7 +513,7 @@ def test_an_old_jobs_release_still_retried_is_not_dropped_for_a_new_jobs_quarant
     beta's own drain: alpha's release must still reach the sink, else alpha's drain stays."""
 
     class Slurm(RecordingSink):  # releases fail (retryable) while ``down``
-        down = False
+        down, per_job = False, True
 
         def release(self, event):
             self.calls.append(event)
@@ -544,3 +545,38 @@ def test_an_old_jobs_release_still_retried_is_not_dropped_for_a_new_jobs_quarant
     assert sorted((a["op"], a["event"]["job"], a["status"]) for a in store.host_actions()) == [
         ("quarantine", "alpha", "done"), ("quarantine", "beta", "done"),
         ("release", "alpha", "done"), ("release", "beta", "done")]
+
+
+def test_a_hooks_old_release_is_overtaken_by_another_jobs_quarantine(tmp_path):
+    """The same with an exec hook, which holds no per-job state (its cordon is the host's):
+    alpha's release, retried when beta quarantines h1 again, is overtaken by beta's quarantine,
+    never carried out after it (h1 would be uncordoned while quarantined)."""
+    log, cordon, down = (tmp_path / n for n in ("log", "cordoned", "down"))
+    hook = tmp_path / "cordon.sh"
+    hook.write_text(f'#!/bin/sh\n[ -e {down} ] && exit 1\necho "$LIGHTKEEPER_EVENT" >> {log}\n'
+                    f'if [ "$LIGHTKEEPER_EVENT" = quarantine ]; then touch {cordon}; '
+                    f'else rm -f {cordon}; fi\n')
+    hook.chmod(0o755)
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    cfg = QuarantineConfig(max_quarantined=4)
+    alpha = HostLedger(store, cfg, [ExecSink(str(hook))], "alpha", clock)
+    alpha.record([finding("hang", "h1", 1)], clock())
+    alpha.decide(clock(), None, 40)
+    alpha.run_actions(clock())
+    down.touch()  # the hook's API server away: alpha's release is retried
+    beta = HostLedger(store, cfg, [ExecSink(str(hook))], "beta", clock)
+    beta.release("h1", "fixed")
+    beta.run_actions(clock())
+    clock.t += 10_000  # past the released window
+    beta.decide(clock(), None, 40)
+    beta.record([finding("hang", "h1", 2)], clock())
+    assert [d["decision"] for d in beta.decide(clock(), None, 40)] == ["quarantine"]
+    down.unlink()
+    clock.t += 1000
+    beta.run_actions(clock())
+    assert beta.quarantined() == ["h1"] and cordon.exists()
+    assert log.read_text().split() == ["quarantine", "quarantine"]
+    assert sorted((a["op"], a["event"]["job"], a["status"]) for a in store.host_actions()) == [
+        ("quarantine", "alpha", "done"), ("quarantine", "beta", "done"),
+        ("release", "alpha", "superseded")]

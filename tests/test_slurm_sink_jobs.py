@@ -1,7 +1,8 @@
 """The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
 fixture: nodes ``n1``, ``n2``; root only): the release of a node Slurm does not know, and two
 jobs' monitors writing one node's drain at the same time, a node named by its NodeHostname
-(and an older version's drain through one) and a release by a job the drain does not list."""
+(and an older version's drain through one, never through a NodeAddr or a NodeHostname several
+nodes carry) and a release by a job the drain does not list."""
 
 from __future__ import annotations
 
@@ -126,6 +127,8 @@ def test_an_older_versions_drain_through_a_node_hostname_is_released(slurm, monk
     job off as usual (the others' kept); a drain by another job or an operator is left."""
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
+    # the fixture's nodes share NodeHostname localhost: only n1 carries it here
+    subprocess.run(["scontrol", "update", "NodeName=n2", "NodeHostname=n2host"], check=True)
     sink = SlurmSink()
     release = {**EVENT, "event": "release", "node": "localhost", "job": "a"}
     why = "dead_rank finding 9 replica_group 1"
@@ -146,6 +149,40 @@ def test_an_older_versions_drain_through_a_node_hostname_is_released(slurm, monk
         else:
             assert res.detail.startswith("scontrol update NodeName=n1 "), res.detail
         assert node("n1") == (after or (True, reason)) and node("n2") == (False, "")
+
+
+def test_a_release_of_a_node_hostname_several_nodes_carry_does_nothing(slurm, monkeypatch):
+    """n1 and n2 both carry NodeHostname localhost (several slurmd on one host). Job a
+    quarantined n2 by its own name, still held; the release of ``localhost`` cannot tell which
+    node an older version's update drained: nothing done, failed for good, n2 still drained."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    q = sink.quarantine({**EVENT, "node": "n2", "job": "a",
+                         "finding": {"id": 1, "replica_group": 1}})
+    assert q.ok, q.detail
+    drained = node("n2")
+    assert drained[0]
+    res = sink.release({**EVENT, "event": "release", "node": "localhost", "job": "a"})
+    assert not res.ok and not res.retry and res.detail == (
+        "node localhost is ambiguous: the NodeHostName of n1,n2; nothing done"), res.detail
+    assert node("n2") == drained and node("n1") == (False, "")
+
+
+def test_a_release_of_a_node_addr_is_no_alias(slurm, monkeypatch):
+    """Slurm's update takes no NodeAddr (Invalid node name), so no older version drained a
+    node through one: the release of ``127.0.0.1`` leaves n1, which job a quarantined by its
+    own name, drained."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    assert sink.quarantine({**EVENT, "node": "n1", "job": "a",
+                            "finding": {"id": 1, "replica_group": 1}}).ok
+    drained = node("n1")
+    res = sink.release({**EVENT, "event": "release", "node": "127.0.0.1", "job": "a"})
+    assert res.ok and res.detail == "node 127.0.0.1 unknown to Slurm, nothing to release", \
+        res.detail
+    assert drained[0] and node("n1") == drained
 
 
 def test_a_release_by_a_job_the_drain_does_not_list_leaves_it(slurm, monkeypatch):

@@ -192,11 +192,13 @@ class HostActions:
                         a["sink"]) or {}
                 if (known.get("id") or 0) > max((r["id"] for r in rows), default=0):
                     rows = self.store.host_actions()
-                # only the same job's next action overtakes it: another job's quarantine holds
-                # its own drain or taint, so an older job's release must still lift that job's
+                # a per-job sink: only the same job's next action overtakes it, as another
+                # job's quarantine holds its own drain or taint; a hook holds one per host
+                per_job = getattr(self._sink(a["sink"]), "per_job", False)
                 later = sorted((r for r in rows if r["host"] == a["host"]
                                 and r["sink"] == a["sink"] and r["id"] > a["id"]
-                                and r["event"].get("job") == a["event"].get("job")),
+                                and (not per_job
+                                     or r["event"].get("job") == a["event"].get("job"))),
                                key=lambda r: r["id"])
                 if later:  # attempted or not, never carried out after the host's next action
                     self._supersede(a, later[0], settled)
@@ -265,8 +267,11 @@ class HostActions:
     def _new_action_waits(self) -> bool:
         return any(not a["attempts"] for a in self.store.host_actions(due_at=self.clock()))
 
+    def _sink(self, name: str) -> Sink | None:
+        return next((s for s in self.sinks if s.name == name), None)
+
     def _attempt(self, a: dict[str, Any], attempts: int) -> ActionResult:
-        sink = next((s for s in self.sinks if s.name == a["sink"]), None)
+        sink = self._sink(a["sink"])
         if sink is None:
             return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
         try:

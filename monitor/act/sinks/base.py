@@ -20,6 +20,9 @@ class ActionResult:
 
 class Sink(Protocol):
     name: str
+    # the sink keeps each job's quarantine apart (a drain's job list, a per-job taint): another
+    # job's action never overtakes one of this job's (monitor/act/host_actions.py)
+    per_job: bool
 
     def quarantine(self, event: dict[str, Any]) -> ActionResult: ...
 

@@ -109,6 +109,8 @@ def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | No
 
 
 class ExecSink:
+    per_job = False
+
     def __init__(self, command: str, timeout_s: float = 10.0) -> None:
         self.argv = shlex.split(command)  # not empty: validate_action said so
         # two hooks of one program are two sinks; its arguments may hold a secret: not shown
@@ -133,6 +135,7 @@ class SlurmSink:
     reason names the jobs whose monitors drained the node: it is undrained once none is left."""
 
     name = "slurm"
+    per_job = True
 
     def __init__(self, timeout_s: float = 10.0) -> None:
         self.timeout_s = timeout_s
@@ -227,22 +230,30 @@ class SlurmSink:
     def _alias(self, node: str, raw: str) -> tuple[str, str | None, str | None] | ActionResult \
             | None:
         """For a release: the node an older version drained through ``node``, its NodeHostName
-        or NodeAddr (``update`` takes those, ``show`` does not), as ``_find`` says it, if its
-        reason is a Lightkeeper drain listing this job or no job; else None."""
+        (``update`` takes that, ``show`` does not; a NodeAddr neither), as ``_find`` says it,
+        if its reason is a Lightkeeper drain listing this job or no job; else None."""
         p = self._show()
         if isinstance(p, ActionResult):
             return p
         if p.returncode:
             return _unread(p)
+        carry, found = [], None
         for out in p.stdout.split("\n\n"):
-            names = dict(re.findall(r"\b(NodeName|NodeAddr|NodeHostName)=(\S+)",
+            names = dict(re.findall(r"\b(NodeName|NodeHostName)=(\S+)",
                                     out.partition("Reason=")[0]))
+            if names.get("NodeHostName") != node:
+                continue
+            carry.append(names["NodeName"])
             held, reason = _held(out)
             m = DRAINED_BY.fullmatch(reason or "")
-            if node in (names.get("NodeHostName"), names.get("NodeAddr")) and m and (
-                    m[1] is None or _jobs(m) & {slurm_job(raw), _fold(raw)}):
-                return names["NodeName"], held, reason
-        return None
+            if m and (m[1] is None or _jobs(m) & {slurm_job(raw), _fold(raw)}):
+                found = names["NodeName"], held, reason
+        if found and len(carry) > 1:
+            # which one the update drained is unknown: the drain found may be a node's own
+            # quarantine, still held
+            return ActionResult(False, f"node {node} is ambiguous: the NodeHostName of "
+                                       f"{','.join(carry)}; nothing done", retry=False)
+        return found
 
     def _show(self, *names: str) -> subprocess.CompletedProcess | ActionResult:
         """``scontrol show node [names]``, or the failed attempt when it could not run."""
@@ -313,6 +324,8 @@ DRAINED_BY = re.compile(r"lightkeeper(?:\(([^)]*)\))?: ?(.*)", re.S)
 
 
 class WebhookSink:
+    per_job = False
+
     def __init__(self, url: str, secret: str | None, timeout_s: float = 10.0) -> None:
         if not secret:
             raise SinkConfigError("webhook: a signing secret is required (--webhook-secret or "

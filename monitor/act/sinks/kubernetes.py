@@ -49,6 +49,7 @@ def taint_key(job: str) -> str:
 
 class KubernetesSink:
     name = "k8s"
+    per_job = True
 
     def __init__(self, client: Any, namespace: str, pod_selector: str | None = None) -> None:
         self.client = client
