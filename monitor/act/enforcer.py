@@ -91,6 +91,7 @@ class Enforcer:
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_trouble = Trouble("host ledger failed (its offences kept, tried again next "
                                      "sweep)", "the host ledger works again", logging.ERROR, log)
+        self._hosts_failed = False  # host_findings failed this sweep: judge_hosts keeps it said
         # set each sweep: another monitor holds this shard's slice, so this one sends no abort
         # or exit and fetches no bundle; it keeps its host ledger (and sinks) so that a
         # handover never leaves a quarantine nobody releases
@@ -149,6 +150,7 @@ class Enforcer:
     def host_findings(self, view: ClusterView, evidence: ClusterView, now: float,
                       reshaped: Any) -> list[Finding]:
         """New quarantined_host findings; those of released hosts are resolved. Never raises."""
+        self._hosts_failed = False
         try:
             self.hosts.observe(view, now, reshaped)
             bad = set(self.hosts.quarantined())
@@ -158,7 +160,8 @@ class Enforcer:
             return [f for f in self.hosts.group_findings(evidence, now)
                     if self.detectors.report(f)]
         except Exception as e:
-            self.hosts_trouble.update(f"{type(e).__name__}: {e}", now, e)
+            self._hosts_failed = True
+            self._host_ledger_failed(e, now)
             return []
 
     def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
@@ -194,10 +197,15 @@ class Enforcer:
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
-            self.hosts_trouble.update(None, now)
-        except Exception as e:  # the audit log full is no bug: no traceback
-            self.hosts_trouble.update(f"{type(e).__name__}: {e}", now,
-                                      None if isinstance(e, sqlite3.OperationalError) else e)
+            if not self._hosts_failed:
+                self.hosts_trouble.update(None, now)
+        except Exception as e:
+            self._host_ledger_failed(e, now)
+
+    def _host_ledger_failed(self, e: Exception, now: float) -> None:
+        # the audit log full is no bug: no traceback
+        self.hosts_trouble.update(f"{type(e).__name__}: {e}", now,
+                                  None if isinstance(e, sqlite3.OperationalError) else e)
 
     def blindness(self, view: ClusterView) -> str | None:
         """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
