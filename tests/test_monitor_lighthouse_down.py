@@ -109,7 +109,8 @@ def test_a_sweep_failing_on_is_said_once_a_minute_with_its_traceback(tmp_path, c
 
 def test_another_kind_of_sweep_failure_is_said_at_once(tmp_path, caplog):
     """A full disk fails sweep after sweep; a bug in one stage fails one sweep between: its line
-    and traceback are said at once (before: hidden, the disk's minute not over)."""
+    and traceback are said at once (before: hidden, the disk's minute not over); the disk's
+    again, within its minute, is not."""
     clock = [1000.0]
     mon = Monitor(MonitorConfig(port=0, interval_s=0.05, state_path=str(tmp_path / "m.db"),
                                 job="unit"), clock=lambda: clock[0])
@@ -131,9 +132,35 @@ def test_another_kind_of_sweep_failure_is_said_at_once(tmp_path, caplog):
             said = [r for r in caplog.records if r.getMessage().startswith("sweep failed")]
             assert [r.getMessage() for r in said] == [
                 "sweep failed: OperationalError: database or disk is full",
-                "sweep failed: KeyError: 'a bug in a stage'",
-                "sweep failed: OperationalError: database or disk is full"], said
+                "sweep failed: KeyError: 'a bug in a stage'"], said
             assert said[1].exc_info and not said[0].exc_info
+    finally:
+        mon.stop()
+
+
+def test_two_kinds_of_sweep_failure_taking_turns_are_each_said_once_a_minute(tmp_path, caplog):
+    """A full disk fails one sweep in the audit log, the next in a file write, for 100 s: each
+    kind is said once a minute (before: every sweep, each with its traceback)."""
+    clock = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, interval_s=0.05, state_path=str(tmp_path / "m.db"),
+                                job="unit"), clock=lambda: clock[0])
+    calls = []
+
+    def sweep():  # 5 s of the monitor's clock each
+        calls.append(clock[0])
+        clock[0] += 5.0
+        if len(calls) <= 20:
+            raise (sqlite3.OperationalError if len(calls) % 2 else OSError)("disk full")
+
+    mon.sweep_once = sweep
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.service"):
+            mon.start(serve=False)
+            wait_until(lambda: len(calls) >= 22, 30, what="22 sweeps")
+            said = [r.getMessage() for r in caplog.records if r.name == "monitor.service"
+                    and r.getMessage().startswith("sweep")]
+            assert said == ["sweep failed: OperationalError: disk full",
+                            "sweep failed: OSError: disk full"] * 2 + ["sweeps succeed again"]
     finally:
         mon.stop()
 

@@ -577,3 +577,60 @@ def test_a_group_is_judged_from_when_it_last_took_part_in_the_newest_quorum():
     found = sweep(det, job, 70, quorum=6)  # 30 s after the last sweep it took part
     assert [(f.replica_group, f.first_seen) for f in found] == [(1, T0 + 40)]
     assert found[0].evidence["for_s"] == 30.0
+
+
+@pytest.mark.parametrize("case", ["same_replica_id", "new_replica_id"])
+def test_a_group_restarted_still_without_a_first_quorum_has_not_started(case):
+    """Its launcher restarts its rank (a new process, still quorum -1) while it is named: the
+    new process's clock starts afresh, but the group has no quorum, so nothing `started` (before:
+    it closed `started`, a new one opened a timeout later, a crash loop cycling so). The same
+    finding stays open on its clock until the group answers with a quorum; a new replica id
+    replaces it and is judged afresh."""
+    job, det = starting_job()
+    for t in range(0, 35, 5):
+        sweep_starting(det, job, t)
+    assert named(det) == [(1, [1], "replica_group_1:sim")]
+    rid = "replica_group_1:new" if case == "new_replica_id" else "replica_group_1:sim"
+    found = []
+    for t in range(35, 115, 5):  # restarted three times, the last past --starting-timeout ago
+        if t in (50, 65, 80):
+            job.states[1].update(pid=job.states[1]["pid"] + 1, started_at=T0 + t, replica_id=rid)
+        found += [(t, f.replica_id, f.first_seen) for f in sweep_starting(det, job, t)
+                  if f.kind == "stuck_starting"]
+    resolved = [(f.replica_group, f.resolution) for f in det.resolved_findings()
+                if f.kind == "stuck_starting"]
+    if case == "new_replica_id":  # the last incarnation named on its own clock
+        assert resolved == [(1, "replaced")]
+        assert found == [(110, rid, T0 + 80)] and named(det) == [(1, [1], rid)]
+        return
+    assert found == [] and resolved == [] and named(det) == [(1, [1], rid)]
+    f = det.open_findings()[0]
+    assert (f.first_seen, f.evidence["for_s"]) == (T0, 110.0)
+    job.states[1].update(quorum_id=4, phase="forward")
+    sweep_starting(det, job, 115)
+    assert named(det) == []
+    assert [(f.replica_group, f.resolution) for f in det.resolved_findings()
+            if f.kind == "stuck_starting"] == [(1, "started")]
+
+
+def test_an_unread_lighthouse_pauses_the_left_job_count():
+    """--dead-sweeps 3: the named group stops answering and the Lighthouse, read, does not hear
+    it; one read failing between pauses the count (before: started it again, so a /status
+    failing once every --dead-sweeps sweeps kept it open for ever)."""
+    job, det = starting_job()
+    hb = {f"replica_group_{g}:sim": 0.1 for g in (0, 2)}
+
+    def lh(t):
+        return LighthouseStatus(4, status(4, g0=t // 5, g2=t // 5).members, hb)
+
+    for t in range(0, 40, 5):
+        sweep_starting(det, job, t, lighthouse=lh(t))
+    assert named(det) == [(1, [1], "replica_group_1:sim")]
+    assert det.cfg.dead_sweeps == 3
+    for t in (40, 45, 50):  # counted, counted, unread
+        sweep_starting(det, job, t, down={1}, lighthouse=None if t == 50 else lh(t))
+        assert named(det) == [(1, [1], "replica_group_1:sim")], t
+    sweep_starting(det, job, 55, down={1}, lighthouse=lh(55))
+    assert named(det) == []
+    assert [(f.replica_group, f.resolution, f.resolved_at) for f in det.resolved_findings()
+            if f.kind == "stuck_starting"] == [(1, "left_job", T0 + 55)]

@@ -1,6 +1,6 @@
 """A condition lasting across sweeps: said when it starts, again every ``WARN_EVERY_S`` while it
 lasts, once when it ends. ``update`` it each sweep (None: none now; ``exc``: its traceback; a
-new ``kind`` while it lasts is said at once)."""
+``kind`` not said in the last ``WARN_EVERY_S`` while it lasts is said at once)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ class Trouble:
                  log: logging.Logger = _log) -> None:
         self.what, self.ended, self.level, self.log = what, ended, level, log
         self.error: str | None = None
-        self.kind: str | None = None
-        self._said_at = float("-inf")
+        self._said: dict[str | None, float] = {}  # kind -> when said, while it lasts
 
     def update(self, error: str | None, now: float, exc: BaseException | None = None,
                kind: str | None = None) -> None:
-        if error and (not self.error or kind != self.kind or now - self._said_at >= WARN_EVERY_S):
+        # each kind once a minute: two taking turns (a full disk) must not say every sweep
+        self._said = {k: t for k, t in self._said.items() if error and now - t < WARN_EVERY_S}
+        if error and kind not in self._said:
             self.log.log(self.level, "%s: %s", self.what, error, exc_info=exc)
-            self._said_at = now
+            self._said[kind] = now
         elif not error and self.error:
             self.log.warning("%s", self.ended)
-        self.error, self.kind = error, kind
+        self.error = error

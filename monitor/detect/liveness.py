@@ -375,11 +375,12 @@ class Liveness:
             del self._starting[ident]
         left, still = self._left_out.judge(view, now, set(stuck), lighthouse) if view is not None \
             else ({}, set())
-        # one left out stays named until it steps or takes part again, whether judged this
-        # sweep or not (held, the others stalled, a blip of its ranks); a new incarnation
-        # replaces it (its clock starts afresh); a group none of whose ranks answered for
-        # --dead-sweeps sweeps left the job (ended), counting only sweeps the monitor reached a
-        # group and read the Lighthouse (if it ever did), which did not hear the replica
+        # one stays named until its group answers with a quorum (one left out: steps or takes
+        # part again), whether judged this sweep or not (held, the others stalled, a blip of its
+        # ranks, a restart still without one); a new incarnation replaces it (its clock starts
+        # afresh); a group none of whose ranks answered for --dead-sweeps sweeps left the job
+        # (ended), counting only sweeps the monitor reached a group and read the Lighthouse (if
+        # it ever did), which did not hear the replica; an unread one pauses the count
         seen_any = any(v.reachable for v in full.groups.values())
         self._lh_read |= lighthouse is not None
         gone, self._away = self._away, {}
@@ -387,16 +388,19 @@ class Liveness:
                        and k[1] in full.groups]:
             g, left_out = key[1], f.evidence.get("shape") == "left_out"
             gv, fg = view.groups.get(g) if view is not None else None, full.groups[g]
-            n = 0
-            if seen_any and not fg.reachable and (lighthouse is None and not self._lh_read or (
-                    lighthouse is not None and not lighthouse.heartbeating(
-                        key[2] or fg.replica_id or ""))):
+            n, away = 0, seen_any and not fg.reachable
+            if away and lighthouse is None and self._lh_read:
+                if key in gone:
+                    self._away[key] = gone[key]
+            elif away and (lighthouse is None or not lighthouse.heartbeating(
+                    key[2] or fg.replica_id or "")):
                 n = self._away[key] = gone.get(key, 0) + 1
-            if left_out and gv is not None and gv.replica_id not in (None, key[2]):
+            if gv is not None and gv.replica_id not in (None, key[2]) and (left_out or key[2]):
                 findings.resolve(key, "replaced", now)
             elif n >= ds or n and all(r.ended for r in fg.ranks):
                 findings.resolve(key, "left_job", now)
-            elif fg.reachable and g not in stuck and not (left_out and g in still):
+            elif g not in stuck and not (left_out and g in still) and any(
+                    r.state and r.state.get("quorum_id", -1) >= 0 for r in fg.reachable):
                 findings.resolve(key, "started", now)
         for lo in left.values():
             new.append(findings.confirm(
@@ -410,13 +414,15 @@ class Liveness:
             rid = mem.replica_id if mem is not None else None
             if rid is not None and any(r.replica_id not in (None, rid) for r in ranks):
                 rid = None
-            if ("stuck_starting", g, rid) not in findings.open:
+            was = findings.open.get(("stuck_starting", g, rid))
+            if was is None:
                 # one carried unanswered (crashed?) keeps its clock: its stale poll opens nothing
                 ranks = [r for r in ranks if r.reachable]
                 if not ranks:
                     continue
-            first = min(self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
-                        for r in ranks)
+            # an open one keeps its clock through a restart (the new process's starts afresh)
+            first = min([self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
+                         for r in ranks] + ([was.first_seen] if was else []))
             numbers = sorted(r.rank for r in ranks if r.rank is not None)
             ev = {"summary": f"rank(s) {numbers} without a quorum for {now - first:.0f}s (timeout "
                              f"{self.cfg.starting_timeout_s:g}s)",
