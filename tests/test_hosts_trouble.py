@@ -50,3 +50,30 @@ def test_a_host_ledger_whose_observe_fails_every_sweep_is_said_once_until_it_wor
             assert len(said(failed)) == 1 and mon.enforcer.hosts_json()["error"] is None
     finally:
         mon.stop()
+
+
+def test_a_bug_in_the_host_ledger_during_a_full_disk_is_said_at_once(tmp_path, caplog,
+                                                                     monkeypatch):
+    """The audit log full, sweep after sweep; one sweep a bug (TypeError) instead: its line and
+    traceback are said at once (before: hidden, the full disk's minute not over)."""
+    clock = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "m.db"), job="unit"),
+                  clock=lambda: clock[0])
+    sweeps = [0]
+
+    def observe(*args, **kwargs):
+        sweeps[0] += 1
+        if sweeps[0] == 3:
+            raise TypeError("a bug in the ledger")
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(mon.enforcer.hosts, "observe", observe)
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(5):
+                mon.sweep_once()
+                clock[0] += 1.0
+            bug = [r for r in caplog.records if "TypeError: a bug in the ledger" in r.getMessage()]
+            assert len(bug) == 1 and bug[0].exc_info, caplog.text
+    finally:
+        mon.stop()

@@ -205,7 +205,8 @@ class Enforcer:
     def _host_ledger_failed(self, e: Exception, now: float) -> None:
         # the audit log full is no bug: no traceback
         self.hosts_trouble.update(f"{type(e).__name__}: {e}", now,
-                                  None if isinstance(e, sqlite3.OperationalError) else e)
+                                  None if isinstance(e, sqlite3.OperationalError) else e,
+                                  type(e).__name__)
 
     def blindness(self, view: ClusterView) -> str | None:
         """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
