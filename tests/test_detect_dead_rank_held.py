@@ -17,9 +17,9 @@ from monitor.detect import Detectors
 from tests.test_monitor_detectors import T0, Job, sweep
 
 
-def slow_job() -> tuple[Job, Detectors, float]:
+def slow_job(cfg: DetectorConfig | None = None) -> tuple[Job, Detectors, float]:
     job = Job(groups=3, ranks=2, step_s=4.0)
-    det = Detectors(DetectorConfig())  # --dead-sweeps 3, --hang-factor 3
+    det = Detectors(cfg or DetectorConfig())  # --dead-sweeps 3, --hang-factor 3
     now = T0
     for i in range(12):
         now += 1.0
@@ -126,3 +126,56 @@ def test_a_group_committing_again_restarts_the_stall():
         found = sweep(det, job, now)
     assert kinds(found) == [("dead_rank", 0, [1])] and found[0].first_seen == went_down
     assert found[0].evidence["held"]["stalled_s"] == now - stepped
+
+
+@pytest.mark.parametrize("timeout,wait", [(1800.0, False), (6.0, False), (1800.0, True)])
+def test_a_group_saving_holds_no_stall_within_the_checkpoint_timeout(timeout, wait):
+    """Group 0 says phase ``checkpoint`` (a save: it commits nothing while it lasts) and rank 1
+    cannot be reached (its WorkerServer starved by the save): no ``dead_rank`` within
+    --checkpoint-timeout; past it the stall counts from then. Rank 0 blocked in a collective
+    for a median step and more still shows the group waits for rank 1."""
+    job, det, now = slow_job(DetectorConfig(checkpoint_timeout_s=timeout))
+    for s in job.states[:2]:
+        s["phase"], s["phase_since"] = "checkpoint", now
+    job.down = {1}
+    found, saved = [], now + 1.0
+    while not found and now - saved < 15:
+        now += 1.0
+        if wait:
+            job.wait(0, "group", 1.5 + now - saved)
+        found = sweep(det, job, now)
+    if timeout > 15 and not wait:
+        assert found == [] and det.open_findings() == []
+        return
+    [f] = found
+    assert kinds([f]) == [("dead_rank", 0, [1])]
+    if wait:
+        assert now - saved == 2.0 and list(f.evidence["held"]["blocked"]) == ["0"]
+    else:  # seen held until the timeout; stalled for --hang-factor median steps from then
+        held = f.evidence["held"]
+        assert held["stalled_s"] >= held["threshold_s"]
+        assert now - held["stalled_s"] >= saved + timeout
+
+
+def test_a_rank_that_lived_unreachable_then_dies_is_dead_rank():
+    """Rank 1 cannot be reached while its group commits on (it lived), then dies: the group
+    commits nothing more and rank 0 blocks in the commit vote waiting for it: ``dead_rank``."""
+    job, det, now = slow_job()
+
+    def commits() -> None:
+        for s in job.states:
+            s["commits"] = s["step"]
+
+    commits()
+    job.down = {1}
+    for _ in range(5):
+        now += 1.0
+        job.steps(1, now=now)
+        commits()
+        assert sweep(det, job, now) == []
+    found = []
+    for i in range(8):  # it died: the group stalls, rank 0 waits for it
+        now += 1.0
+        job.wait(0, "group", 1.5 + i, phase="commit")
+        found += sweep(det, job, now)
+    assert kinds(found) == [("dead_rank", 0, [1])]

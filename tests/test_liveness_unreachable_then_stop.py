@@ -13,6 +13,7 @@ The same live monitor over a real Lighthouse as tests/test_liveness_unverified_c
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -171,5 +172,34 @@ def test_a_crash_with_the_manager_up_is_dead_rank(tmp_path, job, before):
             if dead(mon):
                 break
         assert dead(mon) == [("dead_rank", [3])]
+    finally:
+        mon.stop()
+
+
+def test_a_rank_its_group_committed_past_is_not_blamed_for_its_managers_crash(tmp_path, job):
+    """Rank 3, on its own host, cannot be reached while group 1 commits on (it lived); then
+    the group's Manager crashes and torchrun restarts the group at once: the crash found is
+    rank 1's, its host the one offended."""
+    manager, peer = job.sim.group(1)
+    peer.update(host="host-1b")
+    mon, sweep = live(tmp_path, job, {0, 1})
+    try:
+        sweep()
+        sweep()
+        peer.set_mode("silent")
+        for _ in range(6):
+            sweep()
+        assert get(mon, "/v1/findings") == []
+        old, job.replica_ids[1] = job.replica_ids[1], f"replica_group_1:{uuid.uuid4()}"
+        new, top = job.replica_ids[1], job.sim.group(0)[0].state["step"]
+        for r in (manager, peer):  # restarted at their ports; they heal, committing from 0
+            r.update(replica_id=new, pid=r.state["pid"] + 7000, started_at=time.time() + 100,
+                     step=top, commits=0, heals=1)
+        job.requorum()
+        for _ in range(8):
+            sweep()
+        found = [(f["kind"], f["ranks"], f["replica_id"]) for f in get(mon, "/v1/findings")]
+        assert found == [("dead", [1], old)]
+        assert [h["host"] for h in get(mon, "/v1/hosts")["hosts"]] == ["host-1"]
     finally:
         mon.stop()

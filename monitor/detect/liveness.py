@@ -16,7 +16,7 @@ from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
 from .left_out import LeftOut
-from .rank_state import collective_wait
+from .rank_state import SaveClock, collective_wait
 
 DEAD_KINDS = ("dead", "dead_rank")
 # past start_quorum, before the first collective: a synchronous quorum call returns with the
@@ -61,6 +61,9 @@ class Liveness:
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
         self._down_at: dict[str, int] = {}  # url of a rank down -> its Manager's commits then
+        self._lived: dict[str, int] = {}  # url of a rank down -> its Manager's commits when last
+        # seen more than one past its mark (it lived until then)
+        self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by url, noted as _held judges
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # said it ended -> its peers already down then
         self._replaced: dict[int, set[str]] = {}  # group -> earlier incarnations judged
@@ -85,6 +88,7 @@ class Liveness:
         # a rank answering again lived: a later crash is measured from then
         for url in [u for u in self._down_at if u not in view.ranks or view.ranks[u].reachable]:
             del self._down_at[url]
+            self._lived.pop(url, None)
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead, self._left)):
             gv = view.groups.get(g)
@@ -139,7 +143,8 @@ class Liveness:
             manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
                           and r.replica_id == rid and rid is not None]
             # torchft commits a step only with every rank of the group: a rank the group has
-            # committed past since it stopped answering lives (the monitor cannot reach it)
+            # committed past since it stopped answering lives (the monitor cannot reach it);
+            # re-marked there, so that one dying later is still found
             top = max((m.state.get("step") or 0 for m in manager_up), default=None)
             if top is None:
                 self._stepped.pop(g, None)
@@ -148,9 +153,10 @@ class Liveness:
                     self._stepped[g] = (top, now)
                 done = max(_commits(m.state) for m in manager_up)
                 for r in gv.ranks:
-                    if not r.reachable:
-                        self._down_at.setdefault(r.url, done)
-                down = [r for r in down if done <= self._down_at.get(r.url, done) + 1]
+                    if not r.reachable and done > self._lived.get(
+                            r.url, self._down_at.setdefault(r.url, done)) + 1:
+                        self._lived[r.url] = done
+                        down = [d for d in down if d is not r]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
@@ -251,8 +257,9 @@ class Liveness:
               now: float) -> dict[str, Any] | None:
         """What shows the group waits for its ``lost`` ranks, or None: a live rank of it blocked
         in a collective or the commit vote for a median step, or its Manager's step unchanged
-        for ``--hang-factor`` median steps since they went down. A rank the monitor merely
-        cannot reach holds nothing: its group trains on."""
+        for ``--hang-factor`` median steps since they went down, counted from the end of a spell
+        of its reachable ranks in a held phase (a save) seen under --checkpoint-timeout. A rank
+        the monitor merely cannot reach holds nothing: its group trains on."""
         med = gv.median_step_seconds() or view.median_step_seconds()
         rid = gv.replica_id
         blocked = {}
@@ -264,7 +271,12 @@ class Liveness:
                                             "phase": r.state.get("phase")}
         if blocked:
             return {"blocked": blocked, "median_step_s": med}
-        step, at = self._stepped[gv.replica_group]
+        g, ranks = gv.replica_group, [(r.url, r.state) for r in gv.reachable]
+        self._saves.note(g, ranks, now)
+        step, at = self._stepped[g]
+        if (held := self._saves.held(g, ranks, now)) and held[1]:
+            self._stepped[g] = (step, now)  # a save commits nothing on purpose
+            return None
         since = max(at, min(r.unreachable_since or now for r in lost))
         threshold = self.cfg.hang_factor * med if med else self.cfg.hang_floor_s
         if now - since >= threshold:
@@ -318,7 +330,7 @@ class Liveness:
         for r in (*gone, *behind):
             old = r.replica_id
             if old not in (None, rid) and old not in judged and old not in evicted \
-                    and r.state.get("finished") is not True \
+                    and r.state.get("finished") is not True and r.url not in self._lived \
                     and r.url in ended.get(old, (r.url,)):
                 lost.setdefault(old, []).append(r)
         out = []
