@@ -322,16 +322,30 @@ class Shards:
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
         """Delete this shard's automatic proposals that no open finding of this run stands behind
         (or it is blind) and no leader acted on: a leader never evicts on evidence the shard no
-        longer holds (one of an earlier run goes too: the next sweep proposes anew)."""
+        longer holds (one of an earlier run goes too: the next sweep proposes anew). So does one
+        of this shard's groups made by a shard whose run does not report (of an earlier
+        --shards): the leader would hold it for ever, and this shard could propose nothing."""
         proposals = _by_rid(self.etcd, self.root + "proposals/")
         # one gone (withdrawn by another run that held the slice meanwhile): proposed anew
         self._proposed &= proposals.keys()
+        runs: dict[Any, Any] | None = None  # the reporting shards' runs, read when needed
         for rid, kv in proposals.items():
             p = kv.json()
             rec = records.get(rid)
-            if not _is_proposal(p) or p.get("shard") != self.cfg.index or p.get("manual") \
-                    or (rid in wanted and p.get("run") == self.run) or _acted_on(rec):
+            if not _is_proposal(p) or p.get("manual") or _acted_on(rec):
                 continue  # (a leader acted on it: it stays, and costs no txn every sweep)
+            if p.get("shard") == self.cfg.index:
+                if rid in wanted and p.get("run") == self.run:
+                    continue
+            elif not self.owns(p["replica_group"]):
+                continue
+            else:
+                if runs is None:
+                    runs = {str(r.get("shard")): r.get("run") for x in
+                            self.etcd.range_prefix(self.root + "shards/")
+                            if isinstance(r := x.json(), dict)}
+                if p.get("run") is not None and runs.get(str(p.get("shard"))) == p["run"]:
+                    continue  # its shard still runs (another --shards: the leader is blind)
             # the record as read: a leader retrying the failed kill meanwhile changed it
             record = f"{self.root}evictions/{rid}"
             if self.etcd.delete_if([created_never(record) if rec is None
@@ -340,7 +354,11 @@ class Shards:
                 self._proposed.discard(rid)
                 detail = ("no open finding stands behind the proposal, or this shard is blind"
                           if p.get("run") == self.run else "made by an earlier run of this "
-                          "shard: proposed anew while a finding stands behind it")
+                          "shard: proposed anew while a finding stands behind it"
+                          if p.get("shard") == self.cfg.index else f"made by shard "
+                          f"{p.get('shard')} in a run that does not report (an earlier "
+                          "--shards?): this shard owns the group and proposes anew while a "
+                          "finding stands behind it")
                 log.warning("withdrew the proposal to evict %s: %s", rid, detail)
                 _audit(self.mon, p, rid, "withdrawn", p["kind"], detail, source="auto")
 

@@ -208,3 +208,53 @@ def test_a_proposal_stays_while_its_group_flaps_and_goes_once_its_finding_resolv
         mon.stop()
         etcd.close()
         sim.stop()
+
+
+def test_a_proposal_left_by_a_shard_of_an_earlier_shard_count_gives_way_to_the_owner(
+        tmp_path, etcd_url):
+    """A proposal for group 3 stands from shard 3 of an earlier --shards 4 (stopped: it does
+    not report), so the leader holds it as ``stale_proposal``. Group 3's owner under this
+    --shards withdraws it and, its own mismatch of group 3 open, proposes the eviction itself:
+    the leader kills the group once. One of group 2 by a shard still reporting that run (a
+    monitor of another --shards still up) stays: no tug of war between the two."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    etcd = Etcd(etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
+    rid = "replica_group_3:sim"
+    key, live = f"{ROOT}proposals/{rid}", f"{ROOT}proposals/replica_group_2:sim"
+    orphan = {"monitor": "http://127.0.0.1:1", "at": 0.0, "source": "auto", "manual": False,
+              "kind": "dead", "detail": ""}
+    etcd.put(key, {**orphan, "replica_group": 3, "replica_id": rid, "shard": 3, "run": "old"})
+    etcd.put(live, {**orphan, "replica_group": 2, "replica_id": "replica_group_2:sim",
+                    "shard": 1, "run": "up"})
+    etcd.put(f"{ROOT}shards/1", {"shard": 1, "shards": 4, "run": "up"})
+    lighthouse = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)])
+    leader = Leader(mon.shard.cfg, mon, ROOT)
+    leader.lighthouse.close()
+    leader.reader.close()
+    leader.lighthouse = leader.reader = lighthouse
+    try:
+        for _ in range(2):
+            mon.sweep_once()
+        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
+                    mon.clock(), mon.clock())
+        assert mon.detectors.report(f)
+        mon.enforcer.record([f], mon.clock())
+        for _ in range(3):
+            mon.sweep_once()
+            if etcd.get(key).json()["run"] == mon.shard.run:
+                break
+        assert etcd.get(key).json()["shard"] == 0
+        assert [(d["replica_id"], d["reason"]) for d in
+                mon.store.decisions(decision="withdrawn")] == [(rid, "dead")]
+        assert etcd.get(live).json()["run"] == "up"
+        assert etcd.delete_if([], f"{ROOT}shards/1")  # that monitor stopped: leader not blind
+        assert leader.election.campaign()
+        leader._lead_once()  # one tick of Leader.run, on this thread
+        assert lighthouse.kills == [rid]
+    finally:
+        leader.election.resign()
+        leader.etcd.close()
+        mon.stop()
+        etcd.close()
+        sim.stop()
