@@ -109,7 +109,9 @@ def sweeps(urls: list[str], n: int, d: str, name: str, polling: str,
             cpu.append(cpu_now() - c)
             ecpu.append(cpu_of(etcd_pid) - e)
         return {"config": name, "ranks_polled": len(view.ranks),
-                "groups": len(view.groups), "poller_process": getattr(mon.polling.poller, "pid", None) is not None, "error": mon.shard.error if mon.shard else None,
+                "groups": len(view.groups),
+                "poller_process": getattr(mon.polling.poller, "pid", None) is not None,
+                "error": mon.shard.to_json()["error"] if mon.shard else None,
                 "wall_median_s": statistics.median(wall), "wall_max_s": max(wall),
                 "cpu_median_s": statistics.median(cpu), "cpu_max_s": max(cpu),
                 "etcd_cpu_median_s": statistics.median(ecpu),

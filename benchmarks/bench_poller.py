@@ -6,11 +6,10 @@ servers of this tree (``new``: uvloop where installed; ``new-asyncio``: the stdl
 once with the servers of ``--baseline`` (``old``: a git revision; its
 ``tests/support/virtual_ranks.py`` run with ``-m`` from a git archive of it). The pollers: ``new``, the ``Poller`` of
 this tree in this process; ``old``, the one of ``--baseline``'s ``monitor/poll/poller.py`` (imported
-from its source under another name); ``process``, this tree's ``ProcessPoller`` (its child on
+from a git archive of it as package ``baseline_poll``); ``process``, this tree's ``ProcessPoller`` (its child on
 uvloop where installed; ``process-asyncio``: on the stdlib loop); ``process-old``, the
 ``ProcessPoller`` of ``--baseline`` (its ``monitor/`` poller files and ``http_serving`` taken
-out of git into a temporary folder, the child run from there; the monitor's side imported from
-its source). ``--pairs`` picks (poller, servers) pairs; every round sweeps every target once with
+out of git into a temporary folder, both sides imported from there as ``old`` is). ``--pairs`` picks (poller, servers) pairs; every round sweeps every target once with
 each pair, in alternating order, after a warm-up sweep that opens the pooled connections; per
 pair it reports the medians over rounds of:
 
@@ -87,9 +86,17 @@ def baseline_module(rev: str, path: str, name: str) -> Any:
     return mod
 
 
-def baseline_poller(rev: str) -> type:
-    """``Poller`` of ``monitor/poll/poller.py`` at ``rev``."""
-    return baseline_module(rev, "monitor/poll/poller.py", "baseline_poller").Poller
+def baseline_poll(root: str, name: str) -> Any:
+    """Module ``name`` of the baseline's ``monitor/poll`` in ``root`` (:func:`baseline_tree`),
+    imported as ``baseline_poll.<name>``: its relative imports then resolve in its own tree."""
+    if "baseline_poll" not in sys.modules:
+        path = os.path.join(root, "monitor", "poll")
+        spec = importlib.util.spec_from_file_location(
+            "baseline_poll", os.path.join(path, "__init__.py"), submodule_search_locations=[path])
+        pkg = importlib.util.module_from_spec(spec)
+        sys.modules["baseline_poll"] = pkg
+        spec.loader.exec_module(pkg)
+    return importlib.import_module(f"baseline_poll.{name}")
 
 
 def baseline_tree(rev: str, root: str) -> None:
@@ -113,25 +120,12 @@ def module_source(root: str, args: list[str]) -> str:
 
 
 def baseline_process_poller(rev: str, root: str) -> type:
-    """``ProcessPoller`` of ``monitor/poll/poll_process.py`` at ``rev``: its child runs ``rev``'s
-    poller files from ``root`` (:func:`baseline_tree`); the monitor's side is imported from its
-    source, its ``.poller`` being :func:`baseline_poller`'s module."""
-    source = git_source(rev, "monitor/poll/poll_process.py")
-    spawn = "stdout=subprocess.PIPE, env=env)"
-    if "from .poller import" not in source or spawn not in source:
-        raise RuntimeError(f"{rev}'s monitor/poll/poll_process.py: not the layout this bench knows")
-    # the child runs from root: `python -m` looks in its working folder first, which would
-    # otherwise be this tree's
-    source = source.replace("from .poller import", "from baseline_poller import") \
-        .replace(spawn, "stdout=subprocess.PIPE, env=env, cwd=_ROOT)")
-    if "baseline_poller" not in sys.modules:
-        baseline_poller(rev)
-    spec = importlib.util.spec_from_loader("baseline_poll_process", loader=None)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__file__ = os.path.join(root, "monitor", "poll_process.py")  # its _ROOT: root
-    sys.modules[mod.__name__] = mod
-    exec(compile(source, f"{rev}:monitor/poll/poll_process.py", "exec"), mod.__dict__)
-    return mod.ProcessPoller
+    """``ProcessPoller`` of ``rev``'s ``monitor/poll/poll_process.py`` (:func:`baseline_poll`):
+    its ``_ROOT`` is ``root``, from where its child runs ``rev``'s poller files."""
+    if "cwd=_ROOT" not in git_source(rev, "monitor/poll/poll_process.py"):
+        # its child's `python -m` would find this tree's monitor in the working folder
+        raise SystemExit(baseline_error(rev, "its poller process starts in the working folder"))
+    return baseline_poll(root, "poll_process").ProcessPoller
 
 
 def references_us(n: int, group_size: int, old_ranks: type,
@@ -200,7 +194,7 @@ def main() -> int:
     baseline_tree(args.baseline, old_root)
     bound = {"timeout_s": 10.0, "max_concurrency": args.concurrency, "max_idle": 4 * args.ranks}
     makers = {"new": lambda: Poller(**bound),
-              "old": lambda: baseline_poller(args.baseline)(**bound),
+              "old": lambda: baseline_poll(old_root, "poller").Poller(**bound),
               "process": lambda: ProcessPoller(**bound, event_loop="auto"),
               "process-asyncio": lambda: ProcessPoller(**bound, event_loop="asyncio"),
               "process-old": lambda: baseline_process_poller(args.baseline, old_root)(**bound)}

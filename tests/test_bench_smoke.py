@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import require_binary
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,3 +39,19 @@ def test_an_ab_benchmark_refuses_a_baseline_it_cannot_load_in_one_line(tmp_path)
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().startswith("--baseline e1d5fb6: it has no monitor/goodput/")
+
+
+def test_the_shard_benchmark_runs_one_monitor_and_a_shard_over_a_real_etcd(tmp_path):
+    require_binary("etcd")
+    for virtual in ((), ("--virtual",)):
+        got = bench(tmp_path, "bench_monitor_shard.py", "--ranks", "16", "--shards", "2",
+                    "--sweeps", "1", *virtual)
+        assert [(r["config"], r["ranks_polled"], r["error"]) for r in got["rows"]] == \
+            [("one monitor", 16, None), ("shard 0/2", 8, None)], got
+
+
+def test_the_poller_benchmark_loads_the_baseline_poller_in_its_default_pairs(tmp_path):
+    got = bench(tmp_path, "bench_poller.py", "--ranks", "50", "--procs", "1", "--rounds", "1")
+    rows = {(r["poller"], r["servers"]): r["answered_min"] for r in got["rows"]}
+    assert rows == {("new", "new"): 50, ("new", "old"): 50, ("process", "new"): 50,
+                    ("old", "new"): 50, ("old", "old"): 50}, rows

@@ -163,7 +163,9 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
         if gv.replica_group in in_q or (members is not None and gv.replica_id not in members):
             continue
         for r in gv.ranks:
-            scope, waited = current_wait(r.state) if r.fresh else (None, None)
+            if not r.fresh or r.state is None:  # never answered: placed by its file_sd hint
+                continue
+            scope, waited = current_wait(r.state)
             # a process only now asking for its quorum (a crash loop) is not what the others
             # have waited for since long before; one in its collective, its quorum still
             # healing in the background (async quorum: after a cold first step), is
