@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import shlex
@@ -32,6 +33,8 @@ MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEP
 MONITOR_URLS = ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_ETCD")
 EVENT_HEADER = "X-Lightkeeper-Event"
 SCONTROL = "scontrol"
+
+log = logging.getLogger(__name__)
 
 
 def event_bytes(event: dict[str, Any]) -> bytes:
@@ -231,7 +234,8 @@ class SlurmSink:
             | None:
         """For a release: the node an older version drained through ``node``, its NodeHostName
         (``update`` takes that, ``show`` does not; a NodeAddr neither), as ``_find`` says it,
-        if its reason is a Lightkeeper drain listing this job or no job; else None."""
+        if its reason is a Lightkeeper drain listing this job or no job; else None. Where
+        several nodes carry that name, the release done with nothing updated."""
         p = self._show()
         if isinstance(p, ActionResult):
             return p
@@ -250,9 +254,16 @@ class SlurmSink:
                 found = names["NodeName"], held, reason
         if found and len(carry) > 1:
             # which one the update drained is unknown: the drain found may be a node's own
-            # quarantine, still held
-            return ActionResult(False, f"node {node} is ambiguous: the NodeHostName of "
-                                       f"{','.join(carry)}; nothing done", retry=False)
+            # quarantine, still held. Done, not failed: a sibling's own quarantine would fail
+            # this release for good
+            nodes = ",".join(carry)
+            log.warning("node %s is the NodeHostName of %s: an older version's drain through "
+                        "it, if any, is left to the operator: scontrol show node <n>; lift a "
+                        "lightkeeper(...) reason of job %s by hand (docs/quarantine.md)",
+                        node, nodes, slurm_job(raw))
+            return ActionResult(True, f"node {node} is ambiguous: the NodeHostName of {nodes}; "
+                                      "nothing done: an older version's drain, if any, is "
+                                      "left to lift by hand (see docs/quarantine.md)")
         return found
 
     def _show(self, *names: str) -> subprocess.CompletedProcess | ActionResult:
