@@ -173,8 +173,8 @@ class Shards:
             records_rev = max((kv.mod_revision for kv in records.values()), default=0)
             self.sent_kills = {rid for rid, kv in records.items()
                                if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
-            if self.acting():
-                self._propose_findings(view, evidence, now, records)
+            # the proposals it keeps while their group is out of sight: the leader holds them
+            kept = self._propose_findings(view, evidence, now, records) if self.acting() else set()
             self._mirror_evictions(records)
             # a slice with no rank while every target's group is known (more shards than groups,
             # or its groups left) has nothing to be cut off from: blind, it would hold every kill
@@ -185,6 +185,7 @@ class Shards:
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
                 "ranks": len(view.ranks), "run": self.run, "records_rev": records_rev,
+                "out_of_sight": sorted(kept),
                 "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()},
                 # what its ranks answer as: another shard tells a group gone by it
                 "reporting": sorted({rid for gv in view.groups.values()
@@ -274,9 +275,10 @@ class Shards:
         self.held_by = {k: other.get(k) for k in ("monitor", "run", "at")}
 
     def _propose_findings(self, view: Any, evidence: Any, now: float,
-                          records: dict[str, KV]) -> None:
+                          records: dict[str, KV]) -> set[str]:
         """The enforcer's decisions under the shard's own rails, a proposal for each eviction
-        (min replicas and cooldown are the leader's); then the withdrawals."""
+        (min replicas and cooldown are the leader's); then the withdrawals. Returns the replica
+        ids of the proposals kept while their group is out of sight."""
         mon = self.mon
         wanted: set[str] = set()
 
@@ -299,15 +301,18 @@ class Shards:
             return True
 
         local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
-        if mon.enforcer.decide(view, evidence, now, local, propose):
+        decided = mon.enforcer.decide(view, evidence, now, local, propose)
+        # its group out of sight, a proposal made stays while its finding is open (it resolves
+        # as left_job after --dead-sweeps): a flapping group is not proposed, with a bundle
+        # fetched, and withdrawn every other sweep
+        kept = {f.replica_id for f in mon.detectors.open_findings()
+                if f.replica_id in self._proposed and f.kind in local.evict_kinds
+                and out_of_sight(evidence, f)}
+        if decided:
             if mon.enforcer.blindness(view) is None:
-                # its group out of sight, a proposal made stays while its finding is open (it
-                # resolves as left_job after --dead-sweeps): a flapping group is not proposed,
-                # with a bundle fetched, and withdrawn every other sweep
-                wanted.update(f.replica_id for f in mon.detectors.open_findings()
-                              if f.replica_id in self._proposed and f.kind in local.evict_kinds
-                              and out_of_sight(evidence, f))
+                wanted |= kept
             self._withdraw(wanted, records)
+        return kept & self._proposed
 
     def _renewed(self) -> bool:
         """After a proposal's bundle (up to --bundle-timeout on this thread): the lease renewed,

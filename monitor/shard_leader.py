@@ -159,6 +159,11 @@ class Leader(threading.Thread):
                            f"{p.get('shard')}" if report else f"shard {p.get('shard')} of the "
                            "proposal does not report")
                 continue
+            if not p.get("manual") and rid in (report.get("out_of_sight") or ()):
+                # as a single monitor, no kill for a group no rank of which answers
+                self._hold(rid, p, "out_of_sight", f"no rank of replica group "
+                           f"{p['replica_group']} answers shard {p.get('shard')}")
+                continue
             if rec is not None and not p.get("manual") and not self._read_failed(
                     rid, records[rid].mod_revision, report, reported_at[p["shard"]]):
                 continue  # its shard may withdraw it once a sweep of it reads the kill failed

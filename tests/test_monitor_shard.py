@@ -824,11 +824,13 @@ class _Monitor:
 
 
 def swept(up: int = 1):
-    """A sweep's evidence as ``Shards.after_sweep`` reads it: one verified rank known, ``up``
-    of it reachable (none known is blind)."""
+    """A sweep's evidence as ``Shards.after_sweep`` reads it: one verified rank known (of group
+    1, the findings' group), ``up`` of it reachable (none known is blind; none up, out of
+    sight)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(evidence_view=None, counts=(1, up, {}), groups={})
+    group = SimpleNamespace(replica_id=None, ranks=[1], reachable=[1][:up])
+    return SimpleNamespace(evidence_view=None, counts=(1, up, {}), groups={1: group})
 
 
 @pytest.fixture

@@ -258,3 +258,58 @@ def test_a_proposal_left_by_a_shard_of_an_earlier_shard_count_gives_way_to_the_o
         mon.stop()
         etcd.close()
         sim.stop()
+
+
+def test_the_leader_holds_a_proposal_while_its_group_is_out_of_sight(tmp_path, etcd_url):
+    """A proposal for group 3 the leader held (min replicas: the Lighthouse's quorum holds only
+    group 3) stays while group 3's ranks stop answering. Once the quorum is whole the leader
+    still sends no kill while the shard's report says nobody sees the group (``out_of_sight``,
+    as a single monitor holds it); once its ranks answer again, the group is killed."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    etcd = Etcd(etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
+    rid = "replica_group_3:sim"
+    lighthouse = _Lighthouse([rid])
+    leader = Leader(mon.shard.cfg, mon, ROOT)
+    leader.lighthouse.close()
+    leader.reader.close()
+    leader.lighthouse = leader.reader = lighthouse
+
+    def leader_holds() -> list[str]:
+        return [d["reason"] for d in mon.store.decisions(decision="hold")
+                if d["source"] == "leader"]
+
+    try:
+        for _ in range(2):
+            mon.sweep_once()
+        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
+                    mon.clock(), mon.clock())
+        assert mon.detectors.report(f)
+        mon.enforcer.record([f], mon.clock())
+        mon.sweep_once()
+        assert leader.election.campaign()
+        leader._lead_once()
+        assert (lighthouse.kills, leader_holds()) == ([], ["min_replicas"])
+        for r in sim.group(3):
+            r.set_mode("down")
+        mon.sweep_once()
+        assert etcd.get(f"{ROOT}shards/0").json()["out_of_sight"] == [rid]
+        lighthouse.status = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)]).status
+        leader._lead_once()
+        assert [kv.key for kv in etcd.range_prefix(f"{ROOT}proposals/")] == \
+            [f"{ROOT}proposals/{rid}"]
+        assert (lighthouse.kills, leader_holds()) == ([], ["out_of_sight", "min_replicas"])
+        for r in sim.group(3):
+            r.set_mode("ok")
+        for _ in range(3):
+            mon.sweep_once()
+            if not etcd.get(f"{ROOT}shards/0").json()["out_of_sight"]:
+                break
+        leader._lead_once()
+        assert lighthouse.kills == [rid]
+    finally:
+        leader.election.resign()
+        leader.etcd.close()
+        mon.stop()
+        etcd.close()
+        sim.stop()
