@@ -304,14 +304,13 @@ class Shards:
         decided = mon.enforcer.decide(view, evidence, now, local, propose)
         # its group out of sight, a proposal made stays while its finding is open (it resolves
         # as left_job after --dead-sweeps): a flapping group is not proposed, with a bundle
-        # fetched, and withdrawn every other sweep
+        # fetched, and withdrawn every other sweep, even where that makes the shard blind (a
+        # small slice); the leader holds it meanwhile
         kept = {f.replica_id for f in mon.detectors.open_findings()
                 if f.replica_id in self._proposed and f.kind in local.evict_kinds
                 and out_of_sight(evidence, f)}
         if decided:
-            if mon.enforcer.blindness(view) is None:
-                wanted |= kept
-            self._withdraw(wanted, records)
+            self._withdraw(wanted | kept, records)
         return kept & self._proposed
 
     def _renewed(self) -> bool:
@@ -326,8 +325,9 @@ class Shards:
 
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
         """Delete this shard's automatic proposals that no open finding of this run stands behind
-        (or it is blind) and no leader acted on: a leader never evicts on evidence the shard no
-        longer holds (one of an earlier run goes too: the next sweep proposes anew). So does one
+        (or it is blind, but for one whose group is out of sight) and no leader acted on: a
+        leader never evicts on evidence the shard no longer holds (one of an earlier run goes
+        too: the next sweep proposes anew). So does one
         of this shard's groups made by a shard whose run does not report (of an earlier
         --shards): the leader would hold it for ever, and this shard could propose nothing."""
         proposals = _by_rid(self.etcd, self.root + "proposals/")

@@ -313,3 +313,44 @@ def test_the_leader_holds_a_proposal_while_its_group_is_out_of_sight(tmp_path, e
         mon.stop()
         etcd.close()
         sim.stop()
+
+
+def test_a_proposal_stays_while_its_group_flaps_in_a_slice_it_blinds(tmp_path, etcd_url):
+    """Shard 0 of 2 owns groups 0 and 2: group 2 out of sight leaves it 50% of its ranks
+    (--min-reachable 0.5), blind. A proposal for group 2 stays while the group flaps (one
+    proposal, one bundle), listed ``out_of_sight`` while it is away, not withdrawn and made
+    again each time the group comes back."""
+    assert [shard_of(g, 2) for g in range(3)] == [0, 1, 0]
+    sim = SimRanks.start(6, groups=3)
+    etcd = Etcd(etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url, shards=2, bundles=True, evict_kinds=("mismatch",),
+                 min_reachable_fraction=0.5)
+    rid = "replica_group_2:sim"
+
+    def report() -> tuple[list[str], list[str], bool]:
+        r = etcd.get(f"{ROOT}shards/0").json()
+        return ([kv.key.rsplit("/", 1)[1] for kv in etcd.range_prefix(f"{ROOT}proposals/")],
+                r["out_of_sight"], r["blind"] is not None)
+
+    try:
+        for _ in range(2):
+            mon.sweep_once()
+        f = Finding("mismatch", 2, rid, [2], {"culprits": [{"rank": 2, "step": 10**9}]},
+                    mon.clock(), mon.clock())
+        assert mon.detectors.report(f)
+        mon.enforcer.record([f], mon.clock())
+        mon.sweep_once()
+        assert report() == ([rid], [], False)
+        for _ in range(3):
+            for mode, seen in (("down", ([rid], [rid], True)), ("ok", ([rid], [], False))):
+                for r in sim.group(2):
+                    r.set_mode(mode)
+                mon.sweep_once()
+                assert report() == seen, mode
+        assert [(d["decision"], d["reason"]) for d in mon.store.decisions()] == [
+            ("proposed", "mismatch")]
+        assert mon.cluster_json()["shard"]["proposals_made"] == len(mon.store.bundles()) == 1
+    finally:
+        mon.stop()
+        etcd.close()
+        sim.stop()
