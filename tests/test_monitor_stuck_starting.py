@@ -238,7 +238,8 @@ def test_a_group_without_a_first_quorum_in_its_forward_pass_is_not_blamed_on_the
 
 def test_a_rank_without_a_first_quorum_missing_a_poll_keeps_its_clock_and_finding():
     """A busy process times out a poll or two: its clock runs on and its finding stays open
-    (no `started`); unreachable for --dead-sweeps sweeps, its group left the job."""
+    (no `started`); unreachable for --dead-sweeps sweeps and --starting-timeout (longer than a
+    restart's gap), its group left the job."""
     job = Job(groups=3, ranks=1)
     det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT))
     job.states[1].update(quorum_id=-1, replica_id=None, phase="starting", step=0)
@@ -261,8 +262,11 @@ def test_a_rank_without_a_first_quorum_missing_a_poll_keeps_its_clock_and_findin
         assert named(det) == [(1, [1], None)], t
     assert sweep(back) == [] and named(det) == [(1, [1], None)]
     assert [f for f in det.resolved_findings() if f.kind == "stuck_starting"] == []
-    for t in range(back + 5, back + 5 + 5 * det.cfg.dead_sweeps, 5):
+    gone = back + int(TIMEOUT)
+    for t in range(back + 5, gone, 5):
         sweep(t, down={1})
+        assert named(det) == [(1, [1], None)], t
+    sweep(gone, down={1})
     assert named(det) == []
     assert [(f.replica_group, f.resolution) for f in det.resolved_findings()
             if f.kind == "stuck_starting"] == [(1, "left_job")]
@@ -582,10 +586,9 @@ def test_a_group_is_judged_from_when_it_last_took_part_in_the_newest_quorum():
 @pytest.mark.parametrize("case", ["same_replica_id", "new_replica_id"])
 def test_a_group_restarted_still_without_a_first_quorum_has_not_started(case):
     """Its launcher restarts its rank (a new process, still quorum -1) while it is named: the
-    new process's clock starts afresh, but the group has no quorum, so nothing `started` (before:
-    it closed `started`, a new one opened a timeout later, a crash loop cycling so). The same
-    finding stays open on its clock until the group answers with a quorum; a new replica id
-    replaces it and is judged afresh."""
+    group has no quorum, so nothing `started` (before: it closed `started`, a new one opened a
+    timeout later, a crash loop cycling so). The same finding stays open on its clock until the
+    group answers with a quorum; one of a new replica id replaces it at once on that clock."""
     job, det = starting_job()
     for t in range(0, 35, 5):
         sweep_starting(det, job, t)
@@ -599,38 +602,127 @@ def test_a_group_restarted_still_without_a_first_quorum_has_not_started(case):
                   if f.kind == "stuck_starting"]
     resolved = [(f.replica_group, f.resolution) for f in det.resolved_findings()
                 if f.kind == "stuck_starting"]
-    if case == "new_replica_id":  # the last incarnation named on its own clock
-        assert resolved == [(1, "replaced")]
-        assert found == [(110, rid, T0 + 80)] and named(det) == [(1, [1], rid)]
-        return
-    assert found == [] and resolved == [] and named(det) == [(1, [1], rid)]
-    f = det.open_findings()[0]
+    if case == "new_replica_id":
+        assert resolved == [(1, "replaced")] and found == [(50, rid, T0)]
+    else:
+        assert found == [] and resolved == []
+    assert named(det) == [(1, [1], rid)]
+    f = next(f for f in det.open_findings() if f.kind == "stuck_starting")
     assert (f.first_seen, f.evidence["for_s"]) == (T0, 110.0)
     job.states[1].update(quorum_id=4, phase="forward")
     sweep_starting(det, job, 115)
     assert named(det) == []
     assert [(f.replica_group, f.resolution) for f in det.resolved_findings()
-            if f.kind == "stuck_starting"] == [(1, "started")]
+            if f.kind == "stuck_starting"][-1] == (1, "started")
 
 
 def test_an_unread_lighthouse_pauses_the_left_job_count():
-    """--dead-sweeps 3: the named group stops answering and the Lighthouse, read, does not hear
-    it; one read failing between pauses the count (before: started it again, so a /status
-    failing once every --dead-sweeps sweeps kept it open for ever)."""
+    """--dead-sweeps 3: the named group stops answering (past --starting-timeout: no restart's
+    gap) and the Lighthouse, read, stops hearing it; one read failing between pauses the count
+    (before: started it again, so a /status failing once every --dead-sweeps sweeps kept it
+    open for ever)."""
     job, det = starting_job()
     hb = {f"replica_group_{g}:sim": 0.1 for g in (0, 2)}
 
-    def lh(t):
-        return LighthouseStatus(4, status(4, g0=t // 5, g2=t // 5).members, hb)
+    def lh(t, heard=hb):
+        return LighthouseStatus(4, status(4, g0=t // 5, g2=t // 5).members, heard)
 
     for t in range(0, 40, 5):
         sweep_starting(det, job, t, lighthouse=lh(t))
     assert named(det) == [(1, [1], "replica_group_1:sim")]
     assert det.cfg.dead_sweeps == 3
-    for t in (40, 45, 50):  # counted, counted, unread
-        sweep_starting(det, job, t, down={1}, lighthouse=None if t == 50 else lh(t))
+    for t in range(40, 70, 5):  # last answered at 35, heard until 65
+        sweep_starting(det, job, t, down={1},
+                       lighthouse=lh(t, {**hb, "replica_group_1:sim": 0.1}))
         assert named(det) == [(1, [1], "replica_group_1:sim")], t
-    sweep_starting(det, job, 55, down={1}, lighthouse=lh(55))
+    for t in (70, 75, 80):  # counted, counted, unread
+        sweep_starting(det, job, t, down={1}, lighthouse=None if t == 80 else lh(t))
+        assert named(det) == [(1, [1], "replica_group_1:sim")], t
+    sweep_starting(det, job, 85, down={1}, lighthouse=lh(85))
     assert named(det) == []
     assert [(f.replica_group, f.resolution, f.resolved_at) for f in det.resolved_findings()
-            if f.kind == "stuck_starting"] == [(1, "left_job", T0 + 55)]
+            if f.kind == "stuck_starting"] == [(1, "left_job", T0 + 85)]
+
+
+def restart(job: Job, t: float, rid: str | None) -> None:
+    """Group 1's rank a new process at T0 + ``t`` (``rid`` None: in its Manager's connect)."""
+    s = job.states[1]
+    s.update(pid=s["pid"] + 1, started_at=T0 + t, replica_id=rid,
+             phase="starting" if rid is None else "quorum")
+
+
+def stuck_open(det: Detectors) -> list[tuple]:
+    return [(f.replica_id, f.first_seen) for f in det.open_findings()
+            if f.kind == "stuck_starting"]
+
+
+def test_a_group_crash_looping_without_a_quorum_stays_named_on_one_clock():
+    """torchft gives each process a new replica id, and the rank is down --dead-sweeps sweeps
+    between two, then answers a sweep without one (unverified, in its Manager's connect):
+    each process up less than --starting-timeout, never in a quorum, the group is named
+    --starting-timeout after it was first seen without one and stays named through every
+    restart: one finding open at every sweep, on that clock, each replaced at once by the next
+    (before: each gap closed it `left_job`, and no later process lived a timeout on its own)."""
+    job, det = starting_job()
+    assert det.cfg.dead_sweeps == 3
+    for t in range(0, 30, 5):
+        sweep_starting(det, job, t)
+    for t in range(30, 200, 5):
+        k, at = divmod(t - 35, 35)  # from 35 s: down 15 s, 5 s in connect, then 15 s verified
+        if t >= 35 and at == 15:
+            restart(job, t, None)
+        elif t >= 35 and at == 20:  # the same process, its Manager up
+            job.states[1].update(replica_id=f"replica_group_1:{k}", phase="quorum")
+        sweep_starting(det, job, t, down={1} if t >= 35 and at < 15 else (),
+                       verify=t < 35 or at >= 20)
+        assert [at for _, at in stuck_open(det)] == [T0], t
+    assert stuck_open(det) == [("replica_group_1:4", T0)]
+    assert {f.resolution for f in det.resolved_findings() if f.kind == "stuck_starting"} == {
+        "replaced"}
+    job.states[1].update(quorum_id=4, phase="forward")
+    sweep_starting(det, job, 200)
+    assert stuck_open(det) == []
+    assert det.resolved_findings()[-1].resolution == "started"
+
+
+def test_an_unverified_rank_named_then_verified_still_without_a_quorum_is_one_finding():
+    """Named without a replica id (in its Manager's connect, unverified), then verified with
+    one, still at quorum -1: its finding is replaced by one of that replica id on the same
+    clock (before: never replaced, a second one opened beside it)."""
+    job, det = starting_job()
+    job.states[1].update(replica_id=None, phase="starting")
+    for t in range(0, 35, 5):
+        sweep_starting(det, job, t, verify=False)
+    assert stuck_open(det) == [(None, T0)]
+    job.states[1].update(replica_id="replica_group_1:abc", phase="quorum")
+    for t in range(35, 60, 5):
+        sweep_starting(det, job, t)
+        assert stuck_open(det) == [("replica_group_1:abc", T0)], t
+    assert [(f.replica_id, f.resolution) for f in det.resolved_findings()
+            if f.kind == "stuck_starting"] == [(None, "replaced")]
+
+
+@pytest.mark.parametrize("how", ["quorum", "gone"])
+def test_the_memory_of_no_quorum_ends_with_a_quorum_or_the_group_gone_a_timeout(how):
+    """A rank of the group answering with a quorum, or none answering for --starting-timeout:
+    a later process without one is judged on its own clock."""
+    job, det = starting_job()
+    for t in range(0, 35, 5):
+        sweep_starting(det, job, t)
+    assert stuck_open(det) == [("replica_group_1:sim", T0)]
+    if how == "quorum":
+        job.states[1].update(quorum_id=4, phase="forward")
+        sweep_starting(det, job, 35)
+        end = 40
+    else:
+        end = 40 + int(TIMEOUT)
+        for t in range(35, end, 5):
+            sweep_starting(det, job, t, down={1})
+    assert stuck_open(det) == []
+    restart(job, end, "replica_group_1:new")
+    job.states[1]["quorum_id"] = -1
+    for t in range(end, end + int(TIMEOUT), 5):
+        sweep_starting(det, job, t)
+        assert stuck_open(det) == [], t
+    sweep_starting(det, job, end + int(TIMEOUT))
+    assert stuck_open(det) == [("replica_group_1:new", T0 + end)]

@@ -75,6 +75,9 @@ class Liveness:
         # -> never verified ranks down when its stop was read (crashed), and whether found
         self._left_out = LeftOut(cfg)  # stuck_starting's other shape: out of the job's quorums
         self._away: dict[tuple, int] = {}  # stuck_starting key -> sweeps its group was away
+        self._no_quorum: dict[int, list[float]] = {}  # group -> [since when it answers without a
+        # quorum, when a rank of it last answered]: it outlives a process (torchft gives each a
+        # new replica id, and its rank is down between two), so a crash loop keeps its clock
         self._lh_read = False  # a Lighthouse status was read once (None since: a failed read)
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = (),
@@ -349,6 +352,21 @@ class Liveness:
                 SimpleNamespace(rank_view={r.rank: r for r in ranks}.get), replica_id=old))
         return out
 
+    def _note_no_quorum(self, full: ClusterView, without: set[int], now: float) -> None:
+        """Each group's memory of having no quorum: from when a rank of it (``without``) first
+        answered without one, until one answers with one, or none has answered for
+        --starting-timeout (it left)."""
+        noq = self._no_quorum
+        for g in without:
+            noq.setdefault(g, [now, now])
+        for g, m in list(noq.items()):
+            up = full.groups[g].reachable if g in full.groups else ()
+            if any(r.state and r.state.get("quorum_id", -1) >= 0 for r in up) \
+                    or not up and now - m[1] >= self.cfg.starting_timeout_s:
+                del noq[g]
+            elif up:
+                m[1] = now
+
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
                        groups: Mapping[int, Any], view: ClusterView | None = None,
                        lighthouse: LighthouseStatus | None = None) -> list[Finding]:
@@ -356,7 +374,7 @@ class Liveness:
         verified group's memory; ``view``: the evidence, whose groups the job's quorums go on
         without are named too (monitor.detect.left_out; None: not judged); ``lighthouse``: its
         status this sweep, whose newest quorum and members it prefers to the ranks' word."""
-        starting = {}
+        starting, without = {}, set()
         polled = full.polled_ranks if starting_urls is None else \
             [full.ranks[u] for u in starting_urls]
         for r in polled:  # a carried rank keeps what its last poll said
@@ -366,6 +384,9 @@ class Liveness:
             if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
                 continue
             starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
+            without.add(r.replica_group)
+        self._note_no_quorum(full, without, now)
+        noq = self._no_quorum
         # a rank not polled now, or that missed fewer than --dead-sweeps polls (a busy
         # process), or whose group is away with its finding open: its clock kept
         ds, findings, new = self.cfg.dead_sweeps, self.findings, []
@@ -379,9 +400,10 @@ class Liveness:
                 starting.setdefault(r.url, ident)
         seen = set(starting.values())
         stuck: dict[int, list[RankView]] = {}
-        for ident in seen:
-            if now - self._starting.setdefault(ident, now) >= self.cfg.starting_timeout_s:
-                r = full.ranks[ident[0]]
+        for ident in seen:  # on its own clock, or its group's without a quorum if older
+            r = full.ranks[ident[0]]
+            if now - min(self._starting.setdefault(ident, now),
+                         noq.get(r.replica_group, (now,))[0]) >= self.cfg.starting_timeout_s:
                 stuck.setdefault(r.replica_group, []).append(r)
         for ident in [i for i in self._starting if i not in seen]:
             del self._starting[ident]
@@ -389,10 +411,12 @@ class Liveness:
             else ({}, set())
         # one stays named until its group answers with a quorum (one left out: steps or takes
         # part again), whether judged this sweep or not (held, the others stalled, a blip of its
-        # ranks, a restart still without one); a new incarnation replaces it (its clock starts
-        # afresh); a group none of whose ranks answered for --dead-sweeps sweeps left the job
-        # (ended), counting only sweeps the monitor reached a group and read the Lighthouse (if
-        # it ever did), which did not hear the replica; an unread one pauses the count
+        # ranks, a restart still without one); a new incarnation replaces it (a left-out one's
+        # clock starts afresh); a group none of whose ranks answered for --dead-sweeps sweeps
+        # left the job (ended), counting only sweeps the monitor reached a group and read the
+        # Lighthouse (if it ever did), which did not hear the replica (an unread one pauses the
+        # count), and one without a quorum only once its memory of that lapsed: a restart's gap
+        # is no leaving
         seen_any = any(v.reachable for v in full.groups.values())
         self._lh_read |= lighthouse is not None
         gone, self._away = self._away, {}
@@ -409,7 +433,9 @@ class Liveness:
                 n = self._away[key] = gone.get(key, 0) + 1
             if gv is not None and gv.replica_id not in (None, key[2]) and (left_out or key[2]):
                 findings.resolve(key, "replaced", now)
-            elif n >= ds or n and all(r.ended for r in fg.ranks):
+                if not left_out and g in noq:  # the one replacing it goes on from its clock
+                    noq[g][0] = min(noq[g][0], f.first_seen)
+            elif n >= ds and (left_out or g not in noq) or n and all(r.ended for r in fg.ranks):
                 findings.resolve(key, "left_job", now)
             elif g not in stuck and not (left_out and g in still) and any(
                     r.state and r.state.get("quorum_id", -1) >= 0 for r in fg.reachable):
@@ -427,14 +453,21 @@ class Liveness:
             if rid is not None and any(r.replica_id not in (None, rid) for r in ranks):
                 rid = None
             was = findings.open.get(("stuck_starting", g, rid))
+            kept = [was.first_seen] if was else []
             if was is None:
                 # one carried unanswered (crashed?) keeps its clock: its stale poll opens nothing
                 ranks = [r for r in ranks if r.reachable]
                 if not ranks:
                     continue
-            # an open one keeps its clock through a restart (the new process's starts afresh)
+                # one named under another replica id (a restart, or its ranks now verified):
+                # this one replaces it on its clock, so the group stays named throughout
+                for key in [k for k, f in findings.open.items() if k[:2] == ("stuck_starting", g)
+                            and f.evidence.get("shape") == "no_first_quorum"]:
+                    kept.append(findings.open[key].first_seen)
+                    findings.resolve(key, "replaced", now)
+            # an open one keeps its clock through a restart, and so does the group's memory
             first = min([self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
-                         for r in ranks] + ([was.first_seen] if was else []))
+                         for r in ranks] + kept + [noq.get(g, (now,))[0]])
             numbers = sorted(r.rank for r in ranks if r.rank is not None)
             ev = {"summary": f"rank(s) {numbers} without a quorum for {now - first:.0f}s (timeout "
                              f"{self.cfg.starting_timeout_s:g}s)",
