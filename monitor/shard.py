@@ -76,7 +76,7 @@ class Shards:
         self._slice: list = []  # the last own_targets, for its key until the next reprobe
         self._slice_key: tuple = (None, -1)
         self._reprobe_at = float("-inf")
-        self._unplaced = True  # a target whose group is not known yet: it may be this slice's
+        self._unplaced = True  # no target's group is known yet: any may be this slice's
         self._proposed: set[str] = set()
         self._mirrored: set[str] = set()  # leader kills copied into this shard's audit log
         self.run = uuid.uuid4().hex[:12]  # this run of the shard: its proposals name it
@@ -142,8 +142,10 @@ class Shards:
                 if g is None or not self.owns(g):
                     reprobe_at = min(reprobe_at, now if g is None else at + REPROBE_S)
         self._slice, self._slice_key, self._reprobe_at = mine, key, reprobe_at
-        self._unplaced = any(self._groups.get(t.url, (t.replica_group, 0))[0] is None
-                             for t in targets)
+        # one without a group while others have one never answered with one (dead, mistyped,
+        # no torchft rank): no rank anyone knows, so it leaves an empty slice empty
+        self._unplaced = bool(targets) and all(
+            self._groups.get(t.url, (t.replica_group, 0))[0] is None for t in targets)
         return list(mine)
 
     def after_sweep(self, view: Any, evidence: Any, now: float) -> None:
@@ -176,8 +178,8 @@ class Shards:
             # the proposals it keeps while their group is out of sight: the leader holds them
             kept = self._propose_findings(view, evidence, now, records) if self.acting() else set()
             self._mirror_evictions(records)
-            # a slice with no rank while every target's group is known (more shards than groups,
-            # or its groups left) has nothing to be cut off from: blind, it would hold every kill
+            # a slice with no rank while a target's group is known (more shards than groups, or
+            # its groups left) has nothing to be cut off from: blind, it would hold every kill
             blind = blindness_of(evidence, mon.blind_reason(), mon.cfg.rails,
                                  f"shard {self.cfg.index}",
                                  heard=not (view.ranks or self._unplaced))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from lightkeeper.processes import free_port
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.detect import Finding
 from monitor.lease import Etcd
@@ -29,11 +30,12 @@ def etcd_url(tmp_path):
 
 
 def _shard(tmp_path, sim: SimRanks, etcd_url: str, index: int = 0, shards: int = 1,
-           bundles: bool = False, **rails) -> Monitor:
-    """Shard ``index``/``shards`` on the real etcd, its ranks ``sim``'s; --dead-sweeps 10: no
-    group is judged gone while a test runs."""
+           bundles: bool = False, more: tuple[str, ...] = (), **rails) -> Monitor:
+    """Shard ``index``/``shards`` on the real etcd, its ranks ``sim``'s (and the targets
+    ``more``); --dead-sweeps 10: no group is judged gone while a test runs."""
     mon = Monitor(MonitorConfig(
-        port=0, state_path=str(tmp_path / f"m{index}.sqlite"), targets=sim.urls, job="sim",
+        port=0, state_path=str(tmp_path / f"m{index}.sqlite"), targets=[*sim.urls, *more],
+        job="sim",
         lighthouse="http://127.0.0.1:1", bundles=BundleConfig(enabled=bundles, timeout_s=0.5),
         detectors=DetectorConfig(dead_sweeps=10),
         rails=RailsConfig(min_replicas=1, cooldown_s=0, **rails),
@@ -74,16 +76,22 @@ def test_a_shard_that_knows_no_verified_rank_reports_itself_blind(tmp_path, etcd
         sim.stop()
 
 
-def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url):
+@pytest.mark.parametrize("stray", [None, "dead", "groupless"])
+def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url, stray):
     """Two shards, one group (group 0, shard 0's): shard 1's slice holds no rank while the job
     has some, every one placed in shard 0's slice. Shard 1 has nothing to be cut off from: it
     reports itself not blind, so the leader kills group 0 on shard 0's proposal (blind, it would
-    hold every kill of the job)."""
+    hold every kill of the job). So too with a stray target no shard can place: one nobody
+    listens at (a dead --targets entry), or one answering without a replica group."""
     assert shard_of(0, 2) == 0
     sim = SimRanks.start(2, groups=1)
+    other = SimRanks.start(1)
+    other.ranks[0].update(replica_group=None)
+    more = {None: (), "dead": (f"http://127.0.0.1:{free_port()}",), "groupless": other.urls}
     etcd = Etcd(etcd_url)
-    m0 = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), shards=2)
-    m1 = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), index=1, shards=2)
+    m0 = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), shards=2, more=more[stray])
+    m1 = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), index=1, shards=2,
+                more=more[stray])
     rid = "replica_group_0:sim"
     # the Lighthouse hears more groups than the ranks show: min replicas holds no kill
     lighthouse = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)])
@@ -115,6 +123,7 @@ def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url):
         m1.stop()
         etcd.close()
         sim.stop()
+        other.stop()
 
 
 def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url):
