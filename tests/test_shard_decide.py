@@ -363,3 +363,52 @@ def test_a_proposal_stays_while_its_group_flaps_in_a_slice_it_blinds(tmp_path, e
         mon.stop()
         etcd.close()
         sim.stop()
+
+
+def test_a_shard_whose_groups_left_the_lighthouse_is_not_blind(tmp_path, etcd_url):
+    """Shard 1 of 2 owns only group 1, whose ranks stop answering as the Lighthouse stops
+    hearing it (killed, or the job shrank), its static targets kept. Its slice holds no group
+    left in the job: shard 1 reports itself not blind, so the leader kills group 0 on shard 0's
+    proposal, as a single monitor over the job would."""
+    assert [shard_of(g, 2) for g in range(3)] == [0, 1, 0]
+    sim = SimRanks.start(6, groups=3)
+    etcd = Etcd(etcd_url)
+    m0, m1 = (_shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), index=i, shards=2)
+              for i in (0, 1))
+    rid = "replica_group_0:sim"
+    lighthouse = _Lighthouse([f"replica_group_{g}:sim" for g in (0, 2, 3)])
+    leader = Leader(m0.shard.cfg, m0, ROOT)
+    leader.lighthouse.close()
+    leader.reader.close()
+    leader.lighthouse = leader.reader = lighthouse
+    try:
+        for _ in range(2):
+            m0.sweep_once()
+            m1.sweep_once()
+        for r in sim.group(1):
+            r.set_mode("down")
+        for m in (m0, m1):  # nor does it hear group 1 any more
+            status = m.lighthouse_reader.status
+            for heard in (status.members, status.heartbeats):
+                del heard["replica_group_1:sim"]
+        for _ in range(2):
+            m0.sweep_once()
+            m1.sweep_once()
+        f = Finding("mismatch", 0, rid, [0], {"culprits": [{"rank": 0, "step": 10**9}]},
+                    m0.clock(), m0.clock())
+        assert m0.detectors.report(f)
+        m0.enforcer.record([f], m0.clock())
+        m0.sweep_once()
+        m1.sweep_once()
+        report = etcd.get(f"{ROOT}shards/1").json()
+        assert (report["ranks"], report["blind"]) == (2, None)
+        assert leader.election.campaign()
+        leader._lead_once()
+        assert lighthouse.kills == [rid]
+    finally:
+        leader.election.resign()
+        leader.etcd.close()
+        m0.stop()
+        m1.stop()
+        etcd.close()
+        sim.stop()
