@@ -179,3 +179,51 @@ def test_a_rank_that_lived_unreachable_then_dies_is_dead_rank():
         job.wait(0, "group", 1.5 + i, phase="commit")
         found += sweep(det, job, now)
     assert kinds(found) == [("dead_rank", 0, [1])]
+
+
+def fast_job() -> tuple[Job, Detectors, float]:
+    """3 groups x 2 ranks committing one step a sweep; rank 1 then cannot be reached for ten
+    sweeps while group 0 commits on: it lived."""
+    job, det, now = Job(groups=3, ranks=2, step_s=1.0), Detectors(DetectorConfig()), T0
+    for i in range(22):
+        now += 1.0
+        job.steps(1, now=now)
+        for s in job.states:
+            s["commits"] = s["step"]
+        if i == 12:
+            job.down = {1}
+        assert sweep(det, job, now) == []
+    return job, det, now
+
+
+@pytest.mark.parametrize("scope,phase", [("group", "backward"), ("cross", "allreduce")])
+def test_a_rank_its_group_commits_past_every_sweep_stays_lived(scope, phase):
+    """Group 0 commits a step every sweep past unreachable rank 1 while rank 0 is caught in a
+    collective for a median step and more each sweep: rank 1 lives, so no ``dead_rank`` ever
+    opens (none confirmed, resolved and reopened as the commits move)."""
+    job, det, now = fast_job()
+    for _ in range(10):
+        now += 1.0
+        job.steps(1, now=now)
+        for s in job.states:
+            s["commits"] = s["step"]
+        job.wait(0, scope, 1.5, phase=phase)
+        assert sweep(det, job, now) == []
+    assert det.open_findings() == [] and det.resolved_findings() == []
+
+
+def test_a_lived_rank_is_not_dead_rank_for_another_groups_crash():
+    """Rank 1 lived unreachable; then rank 5 (group 2) crashes and the whole job stalls: ranks 0
+    and 2 block in the cross all_reduce waiting for group 2, rank 4 in its commit vote. Only
+    rank 5 is ``dead_rank``: a cross wait or a stall does not show group 0 waits for rank 1."""
+    job, det, now = fast_job()
+    job.down = {1, 5}
+    found = []
+    for i in range(15):
+        now += 1.0
+        for r in (0, 2):
+            job.wait(r, "cross", 1.0 + i, phase="allreduce")
+        job.wait(4, "group", 1.0 + i, phase="commit")
+        found += sweep(det, job, now)
+    assert kinds(found) == [("dead_rank", 2, [5])]
+    assert kinds(det.open_findings()) == [("dead_rank", 2, [5])]

@@ -176,10 +176,11 @@ def test_a_crash_with_the_manager_up_is_dead_rank(tmp_path, job, before):
         mon.stop()
 
 
-def test_a_rank_its_group_committed_past_is_not_blamed_for_its_managers_crash(tmp_path, job):
+def test_a_restart_names_every_unsaid_rank_recorded_not_counted(tmp_path, job):
     """Rank 3, on its own host, cannot be reached while group 1 commits on (it lived); then
-    the group's Manager crashes and torchrun restarts the group at once: the crash found is
-    rank 1's, its host the one offended."""
+    the group's Manager crashes and torchrun restarts the group at once. Which of its ranks
+    really crashed the monitor cannot tell (the lived one may have): the ``dead`` finding names
+    every rank that went down unsaid, recorded against each host but counted against none."""
     manager, peer = job.sim.group(1)
     peer.update(host="host-1b")
     mon, sweep = live(tmp_path, job, {0, 1})
@@ -199,7 +200,10 @@ def test_a_rank_its_group_committed_past_is_not_blamed_for_its_managers_crash(tm
         for _ in range(8):
             sweep()
         found = [(f["kind"], f["ranks"], f["replica_id"]) for f in get(mon, "/v1/findings")]
-        assert found == [("dead", [1], old)]
-        assert [h["host"] for h in get(mon, "/v1/hosts")["hosts"]] == ["host-1"]
+        assert found == [("dead", [1, 3], old)]
+        hosts = get(mon, "/v1/hosts")
+        assert {h["host"]: [(o["ranks"], o["counts"]) for o in h["offences"]]
+                for h in hosts["hosts"]} == {"host-1": [([1], False)], "host-1b": [([3], False)]}
+        assert hosts["decisions"] == [] and hosts["quarantined"] == []
     finally:
         mon.stop()

@@ -155,20 +155,23 @@ class Liveness:
                 if self._stepped.get(g, (None,))[0] != top:
                     self._stepped[g] = (top, now)
                 done = max(_commits(m.state) for m in manager_up)
+                # once it lived, any commit re-marks it: a sweep with none puts it back in down
                 for r in gv.ranks:
                     if not r.reachable and done > self._lived.get(
-                            r.url, self._down_at.setdefault(r.url, done)) + 1:
+                            r.url, self._down_at.setdefault(r.url, done) + 1):
                         self._lived[r.url] = done
                         down = [d for d in down if d is not r]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
-                held = self._held(gv, view, lost, now)
+                held, named = self._held(gv, view, lost, now)
                 if held is None:
                     f = findings.open.get(("dead_rank", g, rid))
                     if f is None:  # pending: nothing shows the group waits for them yet
                         continue
                     held = f.evidence.get("held")
+                else:
+                    lost = named
                 findings.resolve(("dead", g, rid), "rank_dead_in_live_group", now)
                 ranks = sorted(r.rank for r in lost if r.rank is not None)
                 ev = {"summary": f"rank(s) {ranks} unreachable for {self.cfg.dead_sweeps}+ sweeps "
@@ -257,12 +260,14 @@ class Liveness:
         return out
 
     def _held(self, gv: GroupView, view: ClusterView, lost: list[RankView],
-              now: float) -> dict[str, Any] | None:
-        """What shows the group waits for its ``lost`` ranks, or None: a live rank of it blocked
-        in a collective or the commit vote for a median step, or its Manager's step unchanged
-        for ``--hang-factor`` median steps since they went down, counted from the end of a spell
-        of its reachable ranks in a held phase (a save) seen under --checkpoint-timeout. A rank
-        the monitor merely cannot reach holds nothing: its group trains on."""
+              now: float) -> tuple[dict[str, Any] | None, list[RankView]]:
+        """What shows the group waits for its ``lost`` ranks, or None, and those it holds: a live
+        rank of it blocked in a collective or the commit vote for a median step, or its Manager's
+        step unchanged for ``--hang-factor`` median steps since they went down, counted from the
+        end of a spell of its reachable ranks in a held phase (a save) seen under
+        --checkpoint-timeout. A rank the monitor merely cannot reach holds nothing: its group
+        trains on; one that lived so is held only by its own group's wait (a cross wait or a
+        stall may be another group's crash)."""
         med = gv.median_step_seconds() or view.median_step_seconds()
         rid = gv.replica_id
         blocked = {}
@@ -272,20 +277,23 @@ class Liveness:
                 if scope is not None and secs >= (med or self.cfg.hang_floor_s):
                     blocked[str(r.rank)] = {"scope": scope, "seconds": round(secs, 3),
                                             "phase": r.state.get("phase")}
-        if blocked:
-            return {"blocked": blocked, "median_step_s": med}
+        if any(b["scope"] == "group" for b in blocked.values()):
+            return {"blocked": blocked, "median_step_s": med}, lost
+        lost = [r for r in lost if r.url not in self._lived]
+        if blocked and lost:
+            return {"blocked": blocked, "median_step_s": med}, lost
         g, ranks = gv.replica_group, [(r.url, r.state) for r in gv.reachable]
         self._saves.note(g, ranks, now)
         step, at = self._stepped[g]
         if (held := self._saves.held(g, ranks, now)) and held[1]:
             self._stepped[g] = (step, now)  # a save commits nothing on purpose
-            return None
-        since = max(at, min(r.unreachable_since or now for r in lost))
+            return None, lost
+        since = max(at, min((r.unreachable_since or now for r in lost), default=now))
         threshold = self.cfg.hang_factor * med if med else self.cfg.hang_floor_s
-        if now - since >= threshold:
+        if lost and now - since >= threshold:
             return {"step": step, "stalled_s": round(now - since, 3),
-                    "threshold_s": round(threshold, 3), "median_step_s": med}
-        return None
+                    "threshold_s": round(threshold, 3), "median_step_s": med}, lost
+        return None, lost
 
     def _left_behind(self, gv: GroupView, last: GroupView | None) -> list[RankView]:
         """The earlier incarnations' last views at addresses another process answers at now
@@ -333,7 +341,7 @@ class Liveness:
         for r in (*gone, *behind):
             old = r.replica_id
             if old not in (None, rid) and old not in judged and old not in evicted \
-                    and r.state.get("finished") is not True and r.url not in self._lived \
+                    and r.state.get("finished") is not True \
                     and r.url in ended.get(old, (r.url,)):
                 lost.setdefault(old, []).append(r)
         out = []
