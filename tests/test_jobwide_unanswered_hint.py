@@ -52,3 +52,31 @@ def test_a_hinted_rank_that_never_answered_leaves_the_job_stall_judged(tmp_path,
     finally:
         mon.stop()
         sim.stop()
+
+
+def test_a_joiner_whose_process_died_does_not_hold_the_job_stall(tmp_path):
+    """Group 2 was joining (a cross wait under an older quorum id), then its process died: its
+    last answer is kept after the failed poll, and read as a joiner's it held the others'
+    job_stall for ever."""
+    sim = SimRanks.start(3, 3)  # groups 0, 1, 2 of one rank each
+    for r in sim.ranks[:2]:  # groups 0 and 1 in quorum 1, blocked in the cross all_reduce
+        r.update(phase="allreduce", phase_since=time.time() - 5.0,
+                 timing={"waiting": {"scope": "cross", "seconds": 5.0}})
+    sim.ranks[2].update(quorum_id=0, phase="allreduce", phase_since=time.time() - 5.0,
+                        timing={"waiting": {"scope": "cross", "seconds": 5.0}})
+    mon = Monitor(MonitorConfig(port=0, interval_s=0.2, job="sim",
+                                detectors=DetectorConfig(hang_floor_s=1.0),
+                                targets=sim.urls, state_path=str(tmp_path / "s.sqlite"))).start()
+    try:
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 3, 10, what="sweeps with group 2 joining")
+        sim.ranks[2].set_mode("down")
+
+        def stalls():
+            return [f for f in requests.get(mon.url + "/v1/findings?open=1", timeout=5).json()
+                    if f["kind"] == "job_stall"]
+
+        wait_until(stalls, 20, what="the job stall judged")
+    finally:
+        mon.stop()
+        sim.stop()

@@ -163,7 +163,9 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
         if gv.replica_group in in_q or (members is not None and gv.replica_id not in members):
             continue
         for r in gv.ranks:
-            if not r.fresh or r.state is None:  # never answered: placed by its file_sd hint
+            # never answered (placed by its file_sd hint), or its last answer kept after a
+            # failed poll: a dead process is no joiner
+            if not r.fresh or not r.reachable or r.state is None:
                 continue
             scope, waited = current_wait(r.state)
             # a process only now asking for its quorum (a crash loop) is not what the others
