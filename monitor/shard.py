@@ -176,7 +176,9 @@ class Shards:
             self.sent_kills = {rid for rid, kv in records.items()
                                if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
             # the proposals it keeps while their group is out of sight: the leader holds them
-            kept = self._propose_findings(view, evidence, now, records) if self.acting() else set()
+            # not acting (its lease lapsed): still listed, or the leader kills a group nobody sees
+            kept = self._propose_findings(view, evidence, now, records) if self.acting() \
+                else self._out_of_sight(evidence)
             self._mirror_evictions(records)
             # a slice with no rank while a target's group is known (more shards than groups, or
             # its groups left) has nothing to be cut off from: blind, it would hold every kill;
@@ -312,12 +314,16 @@ class Shards:
         # as left_job after --dead-sweeps): a flapping group is not proposed, with a bundle
         # fetched, and withdrawn every other sweep, even where that makes the shard blind (a
         # small slice); the leader holds it meanwhile
-        kept = {f.replica_id for f in mon.detectors.open_findings()
-                if f.replica_id in self._proposed and f.kind in local.evict_kinds
-                and out_of_sight(evidence, f)}
+        kept = self._out_of_sight(evidence)
         if decided:
             self._withdraw(wanted | kept, records)
         return kept & self._proposed
+
+    def _out_of_sight(self, evidence: Any) -> set[str]:
+        """The proposals made whose finding is open and whose group is out of sight."""
+        return {f.replica_id for f in self.mon.detectors.open_findings()
+                if f.replica_id in self._proposed and f.kind in self.mon.cfg.rails.evict_kinds
+                and out_of_sight(evidence, f)}
 
     def _renewed(self) -> bool:
         """After a proposal's bundle (up to --bundle-timeout on this thread): the lease renewed,

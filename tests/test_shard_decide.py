@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightkeeper.processes import free_port
+from lightkeeper.processes import free_port, wait_until
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.detect import Finding
 from monitor.lease import Etcd
@@ -410,5 +410,51 @@ def test_a_shard_whose_groups_left_the_lighthouse_is_not_blind(tmp_path, etcd_ur
         leader.etcd.close()
         m0.stop()
         m1.stop()
+        etcd.close()
+        sim.stop()
+
+
+def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_path, etcd_url):
+    """The leader holds group 3's proposal (min replicas), then group 3 goes out of sight; the
+    shard's sweeps stall past its lease's TTL. Its first report back (a new lease: not acting
+    yet) must still list the proposal out of sight; before, it listed none and the leader,
+    its min replicas met, killed a group no rank of which answers."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    etcd = Etcd(etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
+    rid = "replica_group_3:sim"
+    lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
+    leader = Leader(mon.shard.cfg, mon, ROOT)
+    leader.lighthouse.close()
+    leader.reader.close()
+    leader.lighthouse = leader.reader = lighthouse
+    try:
+        for _ in range(2):
+            mon.sweep_once()
+        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
+                    mon.clock(), mon.clock())
+        assert mon.detectors.report(f)
+        mon.enforcer.record([f], mon.clock())
+        mon.sweep_once()
+        assert leader.election.campaign()
+        leader._lead_once()
+        assert lighthouse.kills == []
+        for r in sim.group(3):
+            r.set_mode("down")
+        mon.sweep_once()
+        assert etcd.get(f"{ROOT}shards/0").json()["out_of_sight"] == [rid]
+        # no sweep for longer than the lease's TTL: etcd drops the report with the lease
+        wait_until(lambda: etcd.get(f"{ROOT}shards/0") is None,
+                   mon.shard.session.granted_ttl + 10, interval=0.2, what="the lease lapsed")
+        mon.sweep_once()
+        assert etcd.get(f"{ROOT}shards/0").json()["out_of_sight"] == [rid]
+        lighthouse.status = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)]).status
+        assert leader.election.campaign()
+        leader._lead_once()
+        assert lighthouse.kills == []
+    finally:
+        leader.election.resign()
+        leader.etcd.close()
+        mon.stop()
         etcd.close()
         sim.stop()
