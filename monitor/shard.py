@@ -181,14 +181,12 @@ class Shards:
                 else self._out_of_sight(evidence)
             self._mirror_evictions(records)
             # a slice with no rank while a target's group is known (more shards than groups, or
-            # its groups left) has nothing to be cut off from: blind, it would hold every kill;
-            # nor have the groups a good Lighthouse read no longer hears (killed, the job shrank)
-            lh = None if mon.lighthouse_error else mon.lighthouse_status
-            gone = {gv.replica_id for gv in evidence.groups.values() if lh is not None
-                    and gv.replica_id and not lh.heartbeating(gv.replica_id)}
+            # its groups left) has nothing to be cut off from: blind, it would hold every kill.
+            # A group the Lighthouse no longer hears still counts: it may live on under a new
+            # replica id this shard is cut off from (torchft's restarts take a new one)
             blind = blindness_of(evidence, mon.blind_reason(), mon.cfg.rails,
-                                 f"shard {self.cfg.index}", gone=gone,
-                                 heard=bool(gone) or not (view.ranks or self._unplaced))
+                                 f"shard {self.cfg.index}",
+                                 heard=not (view.ranks or self._unplaced))
             self._report(self.session.lease, {  # granted anew if it lapsed while proposing
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
