@@ -281,16 +281,18 @@ def starting_job() -> tuple[Job, Detectors]:
 
 
 def sweep_starting(det: Detectors, job: Job, t: float, down=(), lighthouse=None,
-                   verify: bool = True) -> list:
+                   verify: bool = True, evicted=()) -> list:
     """Groups 0 and 2 commit a step; the ranks ``down`` do not answer; ``verify`` False: group
-    1's rank is not verified (its answers reach only the full view). The findings confirmed."""
+    1's rank is not verified (its answers reach only the full view); ``evicted``: replica ids
+    told to go. The findings confirmed."""
     job.down = set(down)
     for r in (0, 2):
         job.states[r].update(quorum_id=4, step=job.states[r]["step"] + 1, last_step_at=T0 + t)
     view = job.view(T0 + t, judge=lambda ranks, changed: {u: Trust(
         VERIFIED, "ok", "", True) if verify or u != job.targets[1].url else Trust(
         UNVERIFIED, "unknown_replica_id", "", False) for u in changed})
-    found = det.update(view.evidence(), None, T0 + t, full_view=view, lighthouse=lighthouse)
+    found = det.update(view.evidence(), None, T0 + t, full_view=view, lighthouse=lighthouse,
+                       evicted=evicted)
     assert det.last_error is None
     return found
 
@@ -726,3 +728,29 @@ def test_the_memory_of_no_quorum_ends_with_a_quorum_or_the_group_gone_a_timeout(
         assert stuck_open(det) == [], t
     sweep_starting(det, job, end + int(TIMEOUT))
     assert stuck_open(det) == [("replica_group_1:new", T0 + end)]
+
+
+def test_a_group_restarted_after_its_eviction_is_judged_on_a_new_clock():
+    """With --evict-on stuck_starting, a group named and evicted that its launcher restarts
+    within --starting-timeout (still joining: quorum -1 for seconds) is not named at first sight
+    on the evicted one's clock and evicted again: the finding closes `evicted`, and so does the
+    group's memory of no quorum; its ranks told to go, answering a sweep more, name nothing."""
+    job = Job(groups=3, ranks=1)
+    job.states[1].update(quorum_id=-1, phase="quorum", step=0)
+    det = Detectors(DetectorConfig(starting_timeout_s=300))
+    for t in range(0, 305, 5):
+        sweep_starting(det, job, t)
+    assert stuck_open(det) == [("replica_group_1:sim", T0)]  # evicted at t=300
+    gone = {"replica_group_1:sim"}
+    sweep_starting(det, job, 305, evicted=gone)  # told to exit, it answers once more
+    assert stuck_open(det) == []
+    assert [(f.replica_id, f.resolution) for f in det.resolved_findings()
+            if f.kind == "stuck_starting"] == [("replica_group_1:sim", "evicted")]
+    for t in range(310, 395, 5):  # exited; its pod rescheduled
+        sweep_starting(det, job, t, down={1}, evicted=gone)
+    restart(job, 395, "replica_group_1:new")
+    for t in range(395, 695, 5):
+        sweep_starting(det, job, t, evicted=gone)
+        assert stuck_open(det) == [], t  # nothing named: nothing evicted
+    sweep_starting(det, job, 695, evicted=gone)  # a timeout on its own: named
+    assert stuck_open(det) == [("replica_group_1:new", T0 + 395)]

@@ -201,7 +201,7 @@ class Detectors:
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),
             ("stuck_starting", lambda: self.liveness.stuck_starting(
-                full, now, self._starting_urls(full), self._groups, view, lighthouse)),
+                full, now, self._starting_urls(full), self._groups, view, lighthouse, evicted)),
             # after the per-group detectors: a group they name explains the job
             ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted,
                                                lighthouse, cut_off, full)))

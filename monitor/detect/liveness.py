@@ -377,32 +377,40 @@ class Liveness:
 
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
                        groups: Mapping[int, Any], view: ClusterView | None = None,
-                       lighthouse: LighthouseStatus | None = None) -> list[Finding]:
+                       lighthouse: LighthouseStatus | None = None,
+                       evicted: Container[str] = ()) -> list[Finding]:
         """``starting_urls``: the ranks without a quorum (None: read here); ``groups``: each
         verified group's memory; ``view``: the evidence, whose groups the job's quorums go on
         without are named too (monitor.detect.left_out; None: not judged); ``lighthouse``: its
-        status this sweep, whose newest quorum and members it prefers to the ranks' word."""
-        starting, without = {}, set()
+        status this sweep, whose newest quorum and members it prefers to the ranks' word;
+        ``evicted``: replica ids told to go."""
+        findings, starting, without = self.findings, {}, set()
+        # one evicted is over, and so is its group's clock: its restart (within the timeout) is
+        # judged afresh, not named (and evicted again) at first sight
+        for key in [k for k, f in findings.open.items() if k[0] == "stuck_starting"
+                    and k[2] in evicted and f.evidence.get("shape") == "no_first_quorum"]:
+            findings.resolve(key, "evicted", now)
+            self._no_quorum.pop(key[1], None)
         polled = full.polled_ranks if starting_urls is None else \
             [full.ranks[u] for u in starting_urls]
         for r in polled:  # a carried rank keeps what its last poll said
             s = r.state
             if not r.reachable or not s:
                 continue
-            if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
-                continue
+            if s["quorum_id"] >= 0 or r.replica_group is None or r.replica_id in evicted:
+                continue  # most have a quorum; one told to go is going
             starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
             without.add(r.replica_group)
         self._note_no_quorum(full, without, now)
         noq = self._no_quorum
         # a rank not polled now, or that missed fewer than --dead-sweeps polls (a busy
         # process), or whose group is away with its finding open: its clock kept
-        ds, findings, new = self.cfg.dead_sweeps, self.findings, []
+        ds, new = self.cfg.dead_sweeps, []
         held = {k[1] for k in findings.open if k[0] == "stuck_starting"
                 and k[1] in full.groups and not full.groups[k[1]].reachable}
         for ident in self._starting:
             r = full.ranks.get(ident[0])
-            if r is not None and r.replica_group is not None and (
+            if r is not None and r.replica_group is not None and r.replica_id not in evicted and (
                     r.reachable and not r.fresh or not r.reachable and not r.superseded
                     and (r.failures < ds or r.replica_group in held)):
                 starting.setdefault(r.url, ident)
