@@ -48,6 +48,20 @@ def _shard(tmp_path, sim: SimRanks, etcd_url: str, index: int = 0, shards: int =
     return mon
 
 
+def _leader(mon: Monitor, lighthouse: _Lighthouse) -> Leader:
+    """A leader candidate beside shard ``mon``, the Lighthouse it reads and kills through faked."""
+    leader = Leader(mon.shard.cfg, mon, ROOT)
+    leader.lighthouse.close()
+    leader.reader.close()
+    leader.lighthouse = leader.reader = lighthouse
+    return leader
+
+
+def _resign(leader: Leader) -> None:
+    leader.election.resign()
+    leader.etcd.close()
+
+
 def test_a_shard_that_knows_no_verified_rank_reports_itself_blind(tmp_path, etcd_url):
     """None of its ranks answers yet (none verified): the shard is blind, as the single
     monitor's rails are (nothing shows it is not the one cut off), and its report says so, so
@@ -97,10 +111,7 @@ def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url, str
     rid = "replica_group_0:sim"
     # the Lighthouse hears more groups than the ranks show: min replicas holds no kill
     lighthouse = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)])
-    leader = Leader(m0.shard.cfg, m0, ROOT)
-    leader.lighthouse.close()
-    leader.reader.close()
-    leader.lighthouse = leader.reader = lighthouse
+    leader = _leader(m0, lighthouse)
     try:
         for _ in range(2):
             m0.sweep_once()
@@ -119,8 +130,7 @@ def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url, str
         leader._lead_once()  # one tick of Leader.run, on this thread
         assert lighthouse.kills == [rid]
     finally:
-        leader.election.resign()
-        leader.etcd.close()
+        _resign(leader)
         m0.stop()
         m1.stop()
         etcd.close()
@@ -240,10 +250,7 @@ def test_a_proposal_left_by_a_shard_of_an_earlier_shard_count_gives_way_to_the_o
                     "shard": 1, "run": "up"})
     etcd.put(f"{ROOT}shards/1", {"shard": 1, "shards": 4, "run": "up"})
     lighthouse = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)])
-    leader = Leader(mon.shard.cfg, mon, ROOT)
-    leader.lighthouse.close()
-    leader.reader.close()
-    leader.lighthouse = leader.reader = lighthouse
+    leader = _leader(mon, lighthouse)
     try:
         for _ in range(2):
             mon.sweep_once()
@@ -264,8 +271,7 @@ def test_a_proposal_left_by_a_shard_of_an_earlier_shard_count_gives_way_to_the_o
         leader._lead_once()  # one tick of Leader.run, on this thread
         assert lighthouse.kills == [rid]
     finally:
-        leader.election.resign()
-        leader.etcd.close()
+        _resign(leader)
         mon.stop()
         etcd.close()
         sim.stop()
@@ -281,10 +287,7 @@ def test_the_leader_holds_a_proposal_while_its_group_is_out_of_sight(tmp_path, e
     mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
     rid = "replica_group_3:sim"
     lighthouse = _Lighthouse([rid])
-    leader = Leader(mon.shard.cfg, mon, ROOT)
-    leader.lighthouse.close()
-    leader.reader.close()
-    leader.lighthouse = leader.reader = lighthouse
+    leader = _leader(mon, lighthouse)
 
     def leader_holds() -> list[str]:
         return [d["reason"] for d in mon.store.decisions(decision="hold")
@@ -319,8 +322,7 @@ def test_the_leader_holds_a_proposal_while_its_group_is_out_of_sight(tmp_path, e
         leader._lead_once()
         assert lighthouse.kills == [rid]
     finally:
-        leader.election.resign()
-        leader.etcd.close()
+        _resign(leader)
         mon.stop()
         etcd.close()
         sim.stop()
@@ -406,10 +408,7 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
     mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
     rid = "replica_group_3:sim"
     lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
-    leader = Leader(mon.shard.cfg, mon, ROOT)
-    leader.lighthouse.close()
-    leader.reader.close()
-    leader.lighthouse = leader.reader = lighthouse
+    leader = _leader(mon, lighthouse)
     try:
         for _ in range(2):
             mon.sweep_once()
@@ -435,8 +434,7 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
         leader._lead_once()
         assert lighthouse.kills == []
     finally:
-        leader.election.resign()
-        leader.etcd.close()
+        _resign(leader)
         mon.stop()
         etcd.close()
         sim.stop()
