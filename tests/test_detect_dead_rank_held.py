@@ -157,9 +157,13 @@ def test_a_group_saving_holds_no_stall_within_the_checkpoint_timeout(timeout, wa
         assert now - held["stalled_s"] >= saved + timeout
 
 
-def test_a_rank_that_lived_unreachable_then_dies_is_dead_rank():
-    """Rank 1 cannot be reached while its group commits on (it lived), then dies: the group
-    commits nothing more and rank 0 blocks in the commit vote waiting for it: ``dead_rank``."""
+def test_a_rank_that_lived_is_no_dead_rank_on_a_slow_step_between_commits():
+    """Rank 1 cannot be reached while its group commits past it (it lived); every other sweep
+    the group is between commits and rank 0 is caught in an in-group collective for longer
+    than a median step (a slow step). The group trains throughout: no ``dead_rank`` (a rank
+    that lived and was re-judged at each sweep without a commit was confirmed, resolved and
+    confirmed again, an eviction and a host offence each time). Left so: one that lived and
+    dies later is not found until it answers again (docs/monitor.md)."""
     job, det, now = slow_job()
 
     def commits() -> None:
@@ -173,12 +177,15 @@ def test_a_rank_that_lived_unreachable_then_dies_is_dead_rank():
         job.steps(1, now=now)
         commits()
         assert sweep(det, job, now) == []
-    found = []
-    for i in range(8):  # it died: the group stalls, rank 0 waits for it
+    for i in range(8):
         now += 1.0
-        job.wait(0, "group", 1.5 + i, phase="commit")
-        found += sweep(det, job, now)
-    assert kinds(found) == [("dead_rank", 0, [1])]
+        if i % 2:
+            job.steps(1, now=now)
+            commits()
+        else:
+            job.wait(0, "group", 1.5, phase="backward")
+        assert sweep(det, job, now) == []
+    assert det.resolved_findings() == []
 
 
 def fast_job() -> tuple[Job, Detectors, float]:

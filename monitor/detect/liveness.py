@@ -61,8 +61,6 @@ class Liveness:
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
         self._down_at: dict[str, int] = {}  # url of a rank down -> its Manager's commits then
-        self._lived: dict[str, int] = {}  # url of a rank down -> its Manager's commits when last
-        # seen more than one past its mark (it lived until then)
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by url, noted as _held judges
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # said it ended -> its peers already down then
@@ -91,7 +89,6 @@ class Liveness:
         # a rank answering again lived: a later crash is measured from then
         for url in [u for u in self._down_at if u not in view.ranks or view.ranks[u].reachable]:
             del self._down_at[url]
-            self._lived.pop(url, None)
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead, self._left)):
             gv = view.groups.get(g)
@@ -147,7 +144,8 @@ class Liveness:
                           and r.replica_id == rid and rid is not None]
             # torchft commits a step only with every rank of the group: a rank the group has
             # committed past since it stopped answering lives (the monitor cannot reach it);
-            # re-marked there, so that one dying later is still found
+            # one that dies later is not found until it answers again (a miss, not a false kill:
+            # nothing the monitor reads tells its death from another group's stall)
             top = max((m.state.get("step") or 0 for m in manager_up), default=None)
             if top is None:
                 self._stepped.pop(g, None)
@@ -155,23 +153,19 @@ class Liveness:
                 if self._stepped.get(g, (None,))[0] != top:
                     self._stepped[g] = (top, now)
                 done = max(_commits(m.state) for m in manager_up)
-                # once it lived, any commit re-marks it: a sweep with none puts it back in down
                 for r in gv.ranks:
-                    if not r.reachable and done > self._lived.get(
-                            r.url, self._down_at.setdefault(r.url, done) + 1):
-                        self._lived[r.url] = done
-                        down = [d for d in down if d is not r]
+                    if not r.reachable:
+                        self._down_at.setdefault(r.url, done)
+                down = [r for r in down if done <= self._down_at.get(r.url, done) + 1]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
-                held, named = self._held(gv, view, lost, now)
+                held = self._held(gv, view, lost, now)
                 if held is None:
                     f = findings.open.get(("dead_rank", g, rid))
                     if f is None:  # pending: nothing shows the group waits for them yet
                         continue
                     held = f.evidence.get("held")
-                else:
-                    lost = named
                 findings.resolve(("dead", g, rid), "rank_dead_in_live_group", now)
                 ranks = sorted(r.rank for r in lost if r.rank is not None)
                 ev = {"summary": f"rank(s) {ranks} unreachable for {self.cfg.dead_sweeps}+ sweeps "
@@ -260,14 +254,12 @@ class Liveness:
         return out
 
     def _held(self, gv: GroupView, view: ClusterView, lost: list[RankView],
-              now: float) -> tuple[dict[str, Any] | None, list[RankView]]:
-        """What shows the group waits for its ``lost`` ranks, or None, and those it holds: a live
-        rank of it blocked in a collective or the commit vote for a median step, or its Manager's
-        step unchanged for ``--hang-factor`` median steps since they went down, counted from the
-        end of a spell of its reachable ranks in a held phase (a save) seen under
-        --checkpoint-timeout. A rank the monitor merely cannot reach holds nothing: its group
-        trains on; one that lived so is held only by its own group's wait (a cross wait or a
-        stall may be another group's crash)."""
+              now: float) -> dict[str, Any] | None:
+        """What shows the group waits for its ``lost`` ranks, or None: a live rank of it blocked
+        in a collective or the commit vote for a median step, or its Manager's step unchanged for
+        ``--hang-factor`` median steps since they went down, counted from the end of a spell of
+        its reachable ranks in a held phase (a save) seen under --checkpoint-timeout. A rank the
+        monitor merely cannot reach holds nothing: its group trains on."""
         med = gv.median_step_seconds() or view.median_step_seconds()
         rid = gv.replica_id
         blocked = {}
@@ -277,23 +269,20 @@ class Liveness:
                 if scope is not None and secs >= (med or self.cfg.hang_floor_s):
                     blocked[str(r.rank)] = {"scope": scope, "seconds": round(secs, 3),
                                             "phase": r.state.get("phase")}
-        if any(b["scope"] == "group" for b in blocked.values()):
-            return {"blocked": blocked, "median_step_s": med}, lost
-        lost = [r for r in lost if r.url not in self._lived]
-        if blocked and lost:
-            return {"blocked": blocked, "median_step_s": med}, lost
+        if blocked:
+            return {"blocked": blocked, "median_step_s": med}
         g, ranks = gv.replica_group, [(r.url, r.state) for r in gv.reachable]
         self._saves.note(g, ranks, now)
         step, at = self._stepped[g]
         if (held := self._saves.held(g, ranks, now)) and held[1]:
             self._stepped[g] = (step, now)  # a save commits nothing on purpose
-            return None, lost
-        since = max(at, min((r.unreachable_since or now for r in lost), default=now))
+            return None
+        since = max(at, min(r.unreachable_since or now for r in lost))
         threshold = self.cfg.hang_factor * med if med else self.cfg.hang_floor_s
-        if lost and now - since >= threshold:
+        if now - since >= threshold:
             return {"step": step, "stalled_s": round(now - since, 3),
-                    "threshold_s": round(threshold, 3), "median_step_s": med}, lost
-        return None, lost
+                    "threshold_s": round(threshold, 3), "median_step_s": med}
+        return None
 
     def _left_behind(self, gv: GroupView, last: GroupView | None) -> list[RankView]:
         """The earlier incarnations' last views at addresses another process answers at now
