@@ -62,6 +62,14 @@ def _resign(leader: Leader) -> None:
     leader.etcd.close()
 
 
+def _open_mismatch(mon: Monitor, group: int, rid: str) -> None:
+    """A mismatch of ``group`` open in ``mon``, handed in as the sweep's detectors confirm one."""
+    f = Finding("mismatch", group, rid, [group], {"culprits": [{"rank": group, "step": 10**9}]},
+                mon.clock(), mon.clock())
+    assert mon.detectors.report(f)
+    mon.enforcer.record([f], mon.clock())
+
+
 def test_a_shard_that_knows_no_verified_rank_reports_itself_blind(tmp_path, etcd_url):
     """None of its ranks answers yet (none verified): the shard is blind, as the single
     monitor's rails are (nothing shows it is not the one cut off), and its report says so, so
@@ -116,10 +124,7 @@ def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url, str
         for _ in range(2):
             m0.sweep_once()
             m1.sweep_once()
-        f = Finding("mismatch", 0, rid, [0], {"culprits": [{"rank": 0, "step": 10**9}]},
-                    m0.clock(), m0.clock())
-        assert m0.detectors.report(f)
-        m0.enforcer.record([f], m0.clock())
+        _open_mismatch(m0, 0, rid)
         m0.sweep_once()
         m1.sweep_once()
         report = etcd.get(f"{ROOT}shards/1").json()
@@ -159,10 +164,7 @@ def test_a_shard_proposes_no_eviction_of_a_group_out_of_sight(tmp_path, etcd_url
             r.set_mode("down")
         mon.sweep_once()
         # culprits at a step the group never reaches: not resolved while the test runs
-        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
-                    mon.clock(), mon.clock())
-        assert mon.detectors.report(f)
-        mon.enforcer.record([f], mon.clock())
+        _open_mismatch(mon, 3, rid)
         for _ in range(2):
             mon.sweep_once()
         assert [g["replica_group"] for g in mon.cluster_json()["groups"]
@@ -199,10 +201,7 @@ def test_a_proposal_stays_while_its_group_flaps_and_goes_once_its_finding_resolv
     try:
         for _ in range(2):
             mon.sweep_once()
-        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
-                    mon.clock(), mon.clock())
-        assert mon.detectors.report(f)
-        mon.enforcer.record([f], mon.clock())
+        _open_mismatch(mon, 3, rid)
         mon.sweep_once()
         assert proposals() == [rid]
         for _ in range(3):
@@ -254,10 +253,7 @@ def test_a_proposal_left_by_a_shard_of_an_earlier_shard_count_gives_way_to_the_o
     try:
         for _ in range(2):
             mon.sweep_once()
-        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
-                    mon.clock(), mon.clock())
-        assert mon.detectors.report(f)
-        mon.enforcer.record([f], mon.clock())
+        _open_mismatch(mon, 3, rid)
         for _ in range(3):
             mon.sweep_once()
             if etcd.get(key).json()["run"] == mon.shard.run:
@@ -296,10 +292,7 @@ def test_the_leader_holds_a_proposal_while_its_group_is_out_of_sight(tmp_path, e
     try:
         for _ in range(2):
             mon.sweep_once()
-        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
-                    mon.clock(), mon.clock())
-        assert mon.detectors.report(f)
-        mon.enforcer.record([f], mon.clock())
+        _open_mismatch(mon, 3, rid)
         mon.sweep_once()
         assert leader.election.campaign()
         leader._lead_once()
@@ -348,10 +341,7 @@ def test_a_proposal_stays_while_its_group_flaps_in_a_slice_it_blinds(tmp_path, e
     try:
         for _ in range(2):
             mon.sweep_once()
-        f = Finding("mismatch", 2, rid, [2], {"culprits": [{"rank": 2, "step": 10**9}]},
-                    mon.clock(), mon.clock())
-        assert mon.detectors.report(f)
-        mon.enforcer.record([f], mon.clock())
+        _open_mismatch(mon, 2, rid)
         mon.sweep_once()
         assert report() == ([rid], [], False)
         for _ in range(3):
@@ -412,10 +402,7 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
     try:
         for _ in range(2):
             mon.sweep_once()
-        f = Finding("mismatch", 3, rid, [3], {"culprits": [{"rank": 3, "step": 10**9}]},
-                    mon.clock(), mon.clock())
-        assert mon.detectors.report(f)
-        mon.enforcer.record([f], mon.clock())
+        _open_mismatch(mon, 3, rid)
         mon.sweep_once()
         assert leader.election.campaign()
         leader._lead_once()
