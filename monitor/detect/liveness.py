@@ -61,6 +61,7 @@ class Liveness:
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
         self._down_at: dict[str, int] = {}  # url of a rank down -> its Manager's commits then
+        self._looked = False  # dead() saw ranks once
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by url, noted as _held judges
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # said it ended -> its peers already down then
@@ -154,8 +155,12 @@ class Liveness:
                     self._stepped[g] = (top, now)
                 done = max(_commits(m.state) for m in manager_up)
                 for r in gv.ranks:
-                    if not r.reachable:
-                        self._down_at.setdefault(r.url, done)
+                    if not r.reachable and r.url not in self._down_at:
+                        # at this monitor's first look (a restart) it may have been down long:
+                        # marked at its own last commits, so a group that committed past it
+                        # since shows it lived
+                        self._down_at[r.url] = min(done, _commits(r.state)) \
+                            if not self._looked and r.state else done
                 down = [r for r in down if done <= self._down_at.get(r.url, done) + 1]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
@@ -196,6 +201,7 @@ class Liveness:
                 "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
                 min(r.unreachable_since or now for r in down), now, view))
         new += self._judge_unheard(full, now, evicted)
+        self._looked = self._looked or bool(view.ranks)
         return [f for f in new if f]
 
     def _note_unheard(self, gv: GroupView, e: RankView, full: ClusterView | None) -> None:
