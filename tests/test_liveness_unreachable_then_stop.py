@@ -187,7 +187,7 @@ def test_a_restart_names_every_unsaid_rank_recorded_not_counted(tmp_path, job):
     try:
         sweep()
         sweep()
-        peer.set_mode("silent")
+        peer.set_mode("down")
         for _ in range(6):
             sweep()
         assert get(mon, "/v1/findings") == []
