@@ -17,6 +17,12 @@ from monitor.detect import Detectors
 from tests.test_monitor_detectors import T0, Job, sweep
 
 
+def commits(job: Job) -> None:
+    """Every rank's ``commits`` at its step, as a WorkerServer counts them."""
+    for s in job.states:
+        s["commits"] = s["step"]
+
+
 def slow_job(cfg: DetectorConfig | None = None) -> tuple[Job, Detectors, float]:
     job = Job(groups=3, ranks=2, step_s=4.0)
     det = Detectors(cfg or DetectorConfig())  # --dead-sweeps 3, --hang-factor 3
@@ -166,22 +172,18 @@ def test_a_rank_that_lived_is_no_dead_rank_on_a_slow_step_between_commits():
     dies later is not found until it answers again (docs/monitor.md)."""
     job, det, now = slow_job()
 
-    def commits() -> None:
-        for s in job.states:
-            s["commits"] = s["step"]
-
-    commits()
+    commits(job)
     job.down = {1}
     for _ in range(5):
         now += 1.0
         job.steps(1, now=now)
-        commits()
+        commits(job)
         assert sweep(det, job, now) == []
     for i in range(8):
         now += 1.0
         if i % 2:
             job.steps(1, now=now)
-            commits()
+            commits(job)
         else:
             job.wait(0, "group", 1.5, phase="backward")
         assert sweep(det, job, now) == []
@@ -243,17 +245,13 @@ def test_a_rank_that_lived_before_a_monitor_restart_still_lived_after_it():
     and its training group evicted). Its last commits show the group went on past it."""
     job, det, now = slow_job()
 
-    def commits() -> None:
-        for s in job.states:
-            s["commits"] = s["step"]
-
-    commits()
+    commits(job)
     job.down = {1}
     for i in range(16):
         now += 1.0
         if i % 4 == 0:
             job.steps(1, now=now)
-            commits()
+            commits(job)
         assert sweep(det, job, now) == []
     det = Detectors(DetectorConfig())  # restarted
     found = []
