@@ -8,8 +8,9 @@ once with the servers of ``--baseline`` (``old``: a git revision; its
 this tree in this process; ``old``, the one of ``--baseline``'s ``monitor/poll/poller.py`` (imported
 from a git archive of it as package ``baseline_poll``); ``process``, this tree's ``ProcessPoller`` (its child on
 uvloop where installed; ``process-asyncio``: on the stdlib loop); ``process-old``, the
-``ProcessPoller`` of ``--baseline`` (its ``monitor/`` poller files and ``http_serving`` taken
-out of git into a temporary folder, both sides imported from there as ``old`` is). ``--pairs`` picks (poller, servers) pairs; every round sweeps every target once with
+``ProcessPoller`` of ``--baseline`` (its ``monitor/`` poller files, ``http_serving`` and
+``rank_wire`` taken out of git into a temporary folder; the child imports them from there; the
+in-process ``old`` poller shares this tree's ``rank_wire``, already imported here). ``--pairs`` picks (poller, servers) pairs; every round sweeps every target once with
 each pair, in alternating order, after a warm-up sweep that opens the pooled connections; per
 pair it reports the medians over rounds of:
 
@@ -101,9 +102,14 @@ def baseline_poll(root: str, name: str) -> Any:
 
 def baseline_tree(rev: str, root: str) -> None:
     """What the baseline's poller process and virtual ranks run, taken out of git into
-    ``root``: its ``monitor``, ``worker_server``, ``http_serving`` and ``tests/support``."""
-    tar = subprocess.run(["git", "archive", rev, "monitor", "worker_server", "http_serving",
-                          "tests/support"], cwd=ROOT, check=True, capture_output=True).stdout
+    ``root``: its ``monitor``, ``worker_server``, ``http_serving``, ``tests/support`` and, where
+    it has one, ``rank_wire`` (else they would import this tree's)."""
+    paths = ["monitor", "worker_server", "http_serving", "tests/support"]
+    if subprocess.run(["git", "ls-tree", "--name-only", rev, "rank_wire"], cwd=ROOT, check=True,
+                      capture_output=True, text=True).stdout.strip():
+        paths.append("rank_wire")
+    tar = subprocess.run(["git", "archive", rev, *paths], cwd=ROOT, check=True,
+                         capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", root], input=tar, check=True)
 
 
