@@ -175,10 +175,10 @@ class Shards:
             records_rev = max((kv.mod_revision for kv in records.values()), default=0)
             self.sent_kills = {rid for rid, kv in records.items()
                                if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
-            # the proposals it keeps while their group is out of sight: the leader holds them
-            # not acting (its lease lapsed): still listed, or the leader kills a group nobody sees
+            # the proposals it keeps while their group is out of sight: the leader holds them.
+            # Not acting (its lease lapsed), it withdraws nothing, so vouches for none: all held
             kept = self._propose_findings(view, evidence, now, records) if self.acting() \
-                else self._out_of_sight(evidence)
+                else set(self._proposed)
             self._mirror_evictions(records)
             # a slice with no rank while a target's group is known (more shards than groups, or
             # its groups left) has nothing to be cut off from: blind, it would hold every kill.
@@ -284,7 +284,7 @@ class Shards:
                           records: dict[str, KV]) -> set[str]:
         """The enforcer's decisions under the shard's own rails, a proposal for each eviction
         (min replicas and cooldown are the leader's); then the withdrawals. Returns the replica
-        ids of the proposals kept while their group is out of sight."""
+        ids of the proposals kept while their group is out of sight (all, if none withdrawn)."""
         mon = self.mon
         wanted: set[str] = set()
 
@@ -312,16 +312,13 @@ class Shards:
         # as left_job after --dead-sweeps): a flapping group is not proposed, with a bundle
         # fetched, and withdrawn every other sweep, even where that makes the shard blind (a
         # small slice); the leader holds it meanwhile
-        kept = self._out_of_sight(evidence)
-        if decided:
-            self._withdraw(wanted | kept, records)
-        return kept & self._proposed
-
-    def _out_of_sight(self, evidence: Any) -> set[str]:
-        """The proposals made whose finding is open and whose group is out of sight."""
-        return {f.replica_id for f in self.mon.detectors.open_findings()
-                if f.replica_id in self._proposed and f.kind in self.mon.cfg.rails.evict_kinds
+        kept = {f.replica_id for f in mon.detectors.open_findings()
+                if f.replica_id in self._proposed and f.kind in local.evict_kinds
                 and out_of_sight(evidence, f)}
+        if not decided:  # its lease lapsed while proposing: nothing withdrawn, all held
+            return set(self._proposed)
+        self._withdraw(wanted | kept, records)
+        return kept & self._proposed
 
     def _renewed(self) -> bool:
         """After a proposal's bundle (up to --bundle-timeout on this thread): the lease renewed,

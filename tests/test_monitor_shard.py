@@ -789,7 +789,6 @@ class _Monitor:
                                  shard=self.shard_cfg)
         self.store, self.metrics = Store(":memory:"), MonitorMetrics("sim")
         self.now, self.url, self.sweeps = 1000.0, f"http://monitor-{index}", 0
-        self.lighthouse_status, self.lighthouse_error = None, "not read"  # none gone
         self.open: dict = {}  # the open findings' keys -> (finding, its store id)
         self.views = SimpleNamespace(changed=[])
         self.detectors = SimpleNamespace(open_findings=lambda: [f for f, _ in

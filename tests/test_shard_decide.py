@@ -425,3 +425,59 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
         mon.stop()
         etcd.close()
         sim.stop()
+
+
+@pytest.mark.parametrize("lapse", ["between_sweeps", "while_proposing"])
+def test_a_finding_resolved_across_a_lapse_is_no_kill(tmp_path, etcd_url, monkeypatch, lapse):
+    """The leader holds group 3's proposal (min replicas); its mismatch resolves while the shard's
+    lease lapses: between sweeps (a long sweep), or while it proposes group 2 (a bundle longer
+    than the lease). That sweep withdraws nothing, so its report (a new lease, the same run)
+    must not vouch for group 3's proposal: before, the leader, the quorum whole, killed group 3
+    on a finding no longer open. The next sweep withdraws it."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    etcd = Etcd(etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
+    rid = "replica_group_3:sim"
+    lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
+    leader = _leader(mon, lighthouse)
+
+    def lapsed() -> None:  # no sweep for longer than the TTL: etcd drops the report
+        wait_until(lambda: etcd.get(f"{ROOT}shards/0") is None,
+                   mon.shard.session.granted_ttl + 10, interval=0.2, what="the lease lapsed")
+
+    def bundle_outlasting_the_lease(*a):
+        lapsed()
+        return keep_bundle(*a)
+
+    try:
+        for _ in range(2):
+            mon.sweep_once()
+        _open_mismatch(mon, 3, rid)
+        mon.sweep_once()
+        assert leader.election.campaign()
+        leader._lead_once()
+        assert lighthouse.kills == []
+        # the sweep's detectors resolve it (as mismatch.py does when the culprit goes)
+        mon.detectors.findings.resolve(mon.detectors.open_findings()[0].key, "no_longer_seen",
+                                       mon.clock())
+        if lapse == "between_sweeps":
+            lapsed()
+        else:
+            _open_mismatch(mon, 2, "replica_group_2:sim")
+            keep_bundle = mon.enforcer.keep_bundle
+            monkeypatch.setattr(mon.enforcer, "keep_bundle", bundle_outlasting_the_lease)
+        mon.sweep_once()
+        assert etcd.get(f"{ROOT}shards/0") is not None  # reported under a new lease
+        lighthouse.status = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)]).status
+        assert leader.election.campaign()
+        leader._lead_once()
+        assert lighthouse.kills == []
+        monkeypatch.undo()
+        mon.sweep_once()
+        assert etcd.get(f"{ROOT}proposals/{rid}") is None
+        assert [d["replica_id"] for d in mon.store.decisions(decision="withdrawn")] == [rid]
+    finally:
+        _resign(leader)
+        mon.stop()
+        etcd.close()
+        sim.stop()
