@@ -35,7 +35,7 @@ from .detect import Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.probes import ProbeMesh
-from .evidence.rank import answers_other_job, last_known
+from .evidence.rank import DOWN_AT, answers_other_job, last_known
 from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
@@ -110,7 +110,8 @@ class Monitor:
         self.views = ViewBuilder()
         kept = self.store.unreachable()  # whose an unreachable rank was, across a restart
         self.views.seed(kept)
-        self._kept_unreachable = set(kept)
+        # url -> the dead_rank mark kept with it (None: none)
+        self._kept_unreachable = {u: st.get(DOWN_AT) for u, (_, st, _) in kept.items()}
         self._unkept: set[str] = set()  # unreachable, not kept yet (a failed write)
         self.verifier = Verifier()
         self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
@@ -395,21 +396,26 @@ class Monitor:
     def _keep_unreachable(self, view: ClusterView) -> None:
         """Keep in the store the last state of ranks that stop answering (a restarted monitor
         still finds them dead), dropped once they answer or are no target; a failed write (a
-        full disk) is tried again next sweep."""
+        full disk) is tried again next sweep. Kept again once the last sweep marked one down
+        (its Manager's commits then: a restarted monitor tells one that lived from a death)."""
         kept, keep = self._kept_unreachable, self._unkept
         # no target any more, or answering again
         gone = [u for u in kept if (rv := view.ranks.get(u)) is None or rv.reachable]
         keep.update(u for u in self.views.reshaped if not view.ranks[u].reachable)
         if gone:
             self.store.drop_unreachable(gone)
-            kept.difference_update(gone)
-        rows = [(url, rv.unreachable_since, last_known(rv.state),
+            for u in gone:
+                del kept[u]
+        marks = self.detectors.liveness.down_at
+        keep.update(u for u, m in marks.items() if u in kept and kept[u] != m and type(m) is int)
+        rows = [(url, rv.unreachable_since, last_known(rv.state, marks.get(url)),
                  rv.trust.to_dict() if rv.trust else None) for url in keep
                 if (rv := view.ranks.get(url)) is not None and not rv.reachable
-                and rv.state is not None and not rv.superseded and url not in kept]
+                and rv.state is not None and not rv.superseded
+                and (url not in kept or type(m := marks.get(url)) is int and kept[url] != m)]
         if rows:
             self.store.keep_unreachable(rows)
-            kept.update(row[0] for row in rows)
+            kept.update((row[0], row[2].get(DOWN_AT)) for row in rows)
         keep.clear()
 
     def _targets(self) -> list[Target]:

@@ -237,26 +237,3 @@ def test_a_lived_rank_is_not_dead_rank_for_another_groups_crash():
     assert kinds(found) == [("dead_rank", 2, [5])]
     assert kinds(det.open_findings()) == [("dead_rank", 2, [5])]
 
-
-def test_a_rank_that_lived_before_a_monitor_restart_still_lived_after_it():
-    """Rank 1 lives unreachable while its group commits past it; the monitor restarts (the
-    rank's last state kept). Another group's crash then holds group 0's rank 0 in the cross
-    all_reduce: no ``dead_rank`` for rank 1 (before: marked afresh at the restart, it was named
-    and its training group evicted). Its last commits show the group went on past it."""
-    job, det, now = slow_job()
-
-    commits(job)
-    job.down = {1}
-    for i in range(16):
-        now += 1.0
-        if i % 4 == 0:
-            job.steps(1, now=now)
-            commits(job)
-        assert sweep(det, job, now) == []
-    det = Detectors(DetectorConfig())  # restarted
-    found = []
-    for i in range(4):
-        now += 1.0
-        job.wait(0, "cross", 1.5 + i, phase="allreduce")
-        found += sweep(det, job, now)
-    assert found == []

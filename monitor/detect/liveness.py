@@ -12,6 +12,7 @@ from typing import Any
 
 from monitor.config import DetectorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.evidence.rank import DOWN_AT
 from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
@@ -22,6 +23,7 @@ DEAD_KINDS = ("dead", "dead_rank")
 # past start_quorum, before the first collective: a synchronous quorum call returns with the
 # quorum's id, so a rank here without one asked asynchronously (its allreduce waits for it)
 FIRST_STEP_PHASES = ("forward", "backward")
+HOLD = float("-inf")  # the mark of a rank whose group's commits when it went down are unknown
 
 
 def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
@@ -50,6 +52,15 @@ def _commits(st: Mapping[str, Any]) -> int:
     return c if type(c) is int else st.get("step") or 0
 
 
+def _kept_mark(st: Mapping[str, Any], done: int) -> float:
+    """The mark of a rank down since before this monitor started (its state kept in --state):
+    the last run's, else the rank's own last commits (maybe older than its death: a late
+    finding, never a false one); neither known: it holds (a heal moves ``step`` past commits)."""
+    m = st.get(DOWN_AT)
+    m = m if type(m) is int else st.get("commits")
+    return min(done, m) if type(m) is int else HOLD
+
+
 def _process(r: RankView) -> tuple:
     return r.state.get("pid"), r.state.get("started_at")
 
@@ -60,8 +71,8 @@ class Liveness:
         self._last: dict[int, GroupView] = {}  # group -> its last view, kept while it is away
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
-        self._down_at: dict[str, int] = {}  # url of a rank down -> its Manager's commits then
-        self._looked = False  # dead() saw ranks once
+        # url of a rank down -> its Manager's commits then (HOLD: unknown); kept in --state
+        self.down_at: dict[str, float] = {}
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by url, noted as _held judges
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # said it ended -> its peers already down then
@@ -88,8 +99,8 @@ class Liveness:
         last = self._last
         changed = [g for g, gv in view.groups.items() if last.get(g) is not gv]
         # a rank answering again lived: a later crash is measured from then
-        for url in [u for u in self._down_at if u not in view.ranks or view.ranks[u].reachable]:
-            del self._down_at[url]
+        for url in [u for u in self.down_at if u not in view.ranks or view.ranks[u].reachable]:
+            del self.down_at[url]
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead, self._left)):
             gv = view.groups.get(g)
@@ -124,7 +135,7 @@ class Liveness:
                         and e.replica_id not in ended:
                     at = _commits(e.state)
                     ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures
-                                           and at <= self._down_at.get(r.url, at) + 1}
+                                           and at <= self.down_at.get(r.url, at) + 1}
                     self._note_unheard(gv, e, full)
             if rid is not None:
                 # what was dead of an earlier incarnation is over (one found now, next sweep:
@@ -155,13 +166,12 @@ class Liveness:
                     self._stepped[g] = (top, now)
                 done = max(_commits(m.state) for m in manager_up)
                 for r in gv.ranks:
-                    if not r.reachable and r.url not in self._down_at:
-                        # at this monitor's first look (a restart) it may have been down long:
-                        # marked at its own last commits, so a group that committed past it
-                        # since shows it lived
-                        self._down_at[r.url] = min(done, _commits(r.state)) \
-                            if not self._looked and r.state else done
-                down = [r for r in down if done <= self._down_at.get(r.url, done) + 1]
+                    if not r.reachable and r.url not in self.down_at:
+                        # never heard by this run (its state from --state): down since before
+                        # it started, maybe long; a group that committed past it since lived
+                        self.down_at[r.url] = _kept_mark(r.state, done) \
+                            if r.answered_at is None and r.state else done
+                down = [r for r in down if done <= self.down_at.get(r.url, done) + 1]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
@@ -201,7 +211,6 @@ class Liveness:
                 "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
                 min(r.unreachable_since or now for r in down), now, view))
         new += self._judge_unheard(full, now, evicted)
-        self._looked = self._looked or bool(view.ranks)
         return [f for f in new if f]
 
     def _note_unheard(self, gv: GroupView, e: RankView, full: ClusterView | None) -> None:

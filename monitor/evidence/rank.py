@@ -82,12 +82,20 @@ def state_shape(s: dict[str, Any]) -> tuple:
             g("node"), g("device"), g("job"))
 
 
-def last_known(s: dict[str, Any]) -> dict[str, Any]:
+# in a kept state: its group's Manager's commits when the monitor first saw it down (dead_rank)
+DOWN_AT = "down_at_commits"
+
+
+def last_known(s: dict[str, Any], down_at: float | None = None) -> dict[str, Any]:
     """What of a rank's state is kept once it stops answering (JSON: what a restarted monitor
-    groups and judges it by)."""
+    groups and judges it by), with its ``down_at`` mark (monitor.detect.liveness) when known."""
     keep = (*_REQUIRED, "job", "replica_id", "group_world_size", "num_participants",
-            "participating", "host", "node", "device", "finished", "pid", "started_at")
-    return {k: s[k] for k in keep if k in s}
+            "participating", "host", "node", "device", "finished", "pid", "started_at",
+            "commits")
+    out = {k: s[k] for k in keep if k in s}
+    if type(down_at) is int:
+        out[DOWN_AT] = down_at
+    return out
 
 
 OTHER_JOB = "a rank of job "  # how not_state's reason for another job's rank begins
