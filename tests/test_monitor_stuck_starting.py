@@ -754,3 +754,40 @@ def test_a_group_restarted_after_its_eviction_is_judged_on_a_new_clock():
         assert stuck_open(det) == [], t  # nothing named: nothing evicted
     sweep_starting(det, job, 695, evicted=gone)  # a timeout on its own: named
     assert stuck_open(det) == [("replica_group_1:new", T0 + 395)]
+
+
+def test_a_rank_the_kill_did_not_reach_is_named_once_a_timeout_after_its_groups_eviction():
+    """Group 1's rank 0 (rank 2) has its Manager and waits for a quorum; its rank 1 (rank 3)
+    waits before its Manager (no replica id, unverified). Named and evicted, the kill ends only
+    rank 2: rank 3 starts a new clock, and is named once a timeout later without the evicted
+    replica id, nothing to evict (before: named again at once on the old clock under the
+    evicted one, closed `evicted` and reopened every sweep, a hold decision each time)."""
+    job = Job(groups=3, ranks=2)
+    job.states[2].update(quorum_id=-1, phase="quorum", step=0)
+    job.states[3].update(quorum_id=-1, phase="starting", step=0, replica_id=None)
+    det = Detectors(DetectorConfig(starting_timeout_s=300))
+
+    def sweep(t: float, down=(), evicted=()) -> list:
+        job.down = set(down)
+        for r in (0, 1, 4, 5):
+            job.states[r].update(quorum_id=4, step=job.states[r]["step"] + 1, last_step_at=T0 + t)
+        view = job.view(T0 + t, judge=lambda ranks, changed: {u: Trust(
+            VERIFIED, "ok", "", True) if u != job.targets[3].url else Trust(
+            UNVERIFIED, "unknown_replica_id", "", False) for u in changed})
+        found = det.update(view.evidence(), None, T0 + t, full_view=view, evicted=evicted)
+        assert det.last_error is None
+        return [(f.replica_id, f.ranks, f.first_seen) for f in found if f.kind == "stuck_starting"]
+
+    for t in range(0, 305, 5):
+        sweep(t)
+    assert stuck_open(det) == [("replica_group_1:sim", T0)]  # evicted at t=300
+    gone = {"replica_group_1:sim"}
+    for t in range(305, 605, 5):  # rank 2 exited; rank 3 answers on
+        assert sweep(t, down={2}, evicted=gone) == [], t
+        assert stuck_open(det) == [], t
+    assert sweep(605, down={2}, evicted=gone) == [(None, [3], T0 + 305)]
+    for t in range(610, 700, 5):
+        assert sweep(t, down={2}, evicted=gone) == [], t
+        assert stuck_open(det) == [(None, T0 + 305)], t
+    assert [(f.replica_id, f.resolution) for f in det.resolved_findings()
+            if f.kind == "stuck_starting"] == [("replica_group_1:sim", "evicted")]

@@ -389,12 +389,16 @@ class Liveness:
         status this sweep, whose newest quorum and members it prefers to the ranks' word;
         ``evicted``: replica ids told to go."""
         findings, starting, without = self.findings, {}, set()
-        # one evicted is over, and so is its group's clock: its restart (within the timeout) is
-        # judged afresh, not named (and evicted again) at first sight
+        # one evicted is over, and so are its group's clocks: its restart (within the timeout),
+        # or a rank the kill did not reach (before its Manager: no replica id), is judged afresh,
+        # not named (and evicted again) at first sight
         for key in [k for k, f in findings.open.items() if k[0] == "stuck_starting"
                     and k[2] in evicted and f.evidence.get("shape") == "no_first_quorum"]:
             findings.resolve(key, "evicted", now)
             self._no_quorum.pop(key[1], None)
+            for ident in [i for i in self._starting if getattr(
+                    full.ranks.get(i[0]), "replica_group", None) == key[1]]:
+                del self._starting[ident]
         polled = full.polled_ranks if starting_urls is None else \
             [full.ranks[u] for u in starting_urls]
         for r in polled:  # a carried rank keeps what its last poll said
@@ -470,7 +474,9 @@ class Liveness:
                 continue
             mem = groups.get(g)
             rid = mem.replica_id if mem is not None else None
-            if rid is not None and any(r.replica_id not in (None, rid) for r in ranks):
+            # a survivor of an evicted incarnation (no replica id of its own) is not that one
+            if rid in evicted or rid is not None and any(
+                    r.replica_id not in (None, rid) for r in ranks):
                 rid = None
             was = findings.open.get(("stuck_starting", g, rid))
             kept = [was.first_seen] if was else []
