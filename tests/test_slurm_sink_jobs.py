@@ -1,8 +1,9 @@
 """The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
 fixture: nodes ``n1``, ``n2``; root only): the release of a node Slurm does not know, and two
 jobs' monitors writing one node's drain at the same time, a node named by its NodeHostname
-(and an older version's drain through one, never through a NodeAddr or a NodeHostname several
-nodes carry) and a release by a job the drain does not list."""
+(and an older version's drain through one, never through a NodeAddr, a NodeHostname several
+nodes carry or one whose quarantine was not done) and a release by a job the drain does not
+list."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ import shutil
 import subprocess
 import threading
 
+from monitor.act.hosts import HostLedger
+from monitor.act.sinks import ActionResult
 from monitor.act.sinks.hooks import SlurmSink
+from monitor.config import QuarantineConfig
+from monitor.store import Store
 from tests import test_hosts_sinks
+from tests.test_hosts import Clock, finding
 
 slurm = test_hosts_sinks.slurm
 EVENT = test_hosts_sinks.EVENT
@@ -131,7 +137,9 @@ def test_an_older_versions_drain_through_a_node_hostname_is_released(slurm, monk
     # the fixture's nodes share NodeHostname localhost: only n1 carries it here
     subprocess.run(["scontrol", "update", "NodeName=n2", "NodeHostname=n2host"], check=True)
     sink = SlurmSink()
-    release = {**EVENT, "event": "release", "node": "localhost", "job": "a"}
+    # as the monitor sends it: the quarantine it undoes was done (the older version's update)
+    release = {**EVENT, "event": "release", "node": "localhost", "job": "a",
+               "undoes": {"action_id": 1, "status": "done"}}
     why = "dead_rank finding 9 replica_group 1"
     for reason, after in ((f"lightkeeper(a): {why}", (False, "")),
                           (f"lightkeeper: {why}", (False, "")),
@@ -177,6 +185,89 @@ def test_a_release_of_a_node_hostname_several_nodes_carry_does_nothing(slurm, mo
         and "scontrol show node <n>" in warned[0] and "lightkeeper(...) reason of job a" \
         in warned[0], warned
     assert node("n2") == drained and node("n1") == (False, "")
+
+
+def quarantined_as(node_name: str, led: HostLedger, clock: Clock) -> None:
+    """``led`` quarantines host h1, its ranks naming their node ``node_name``, and acts."""
+    f = finding("hang", "h1", 1)
+    f["evidence"]["culprits"][0]["node"] = node_name
+    led.record([f], clock())
+    assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
+    led.run_actions(clock())
+
+
+def last_action(led: HostLedger, clock: Clock) -> tuple[str, str, str]:
+    a = next(h for h in led.to_json(clock()) if h["host"] == "h1")["last_action"]
+    return a["op"], a["status"], a["detail"]
+
+
+def test_a_release_through_a_node_hostname_whose_quarantine_failed_updates_nothing(
+        slurm, monkeypatch, tmp_path, caplog):
+    """Job a's ranks named their node localhost, n1's NodeHostName alone: the quarantine failed
+    for good, nothing sent. Given NODE_NAME, job a (another of its monitors) quarantined n1 by
+    its own name. The release of localhost finds n1 drained by job a, but through that name
+    this version drained nothing: n1's own quarantine stays, and the release is done, its
+    detail and a warning naming the node (an older version's drain, if any, is the
+    operator's)."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    subprocess.run(["scontrol", "update", "NodeName=n2", "NodeHostname=n2host"], check=True)
+    clock = Clock()
+    led = HostLedger(Store(str(tmp_path / "m.sqlite")), QuarantineConfig(), [SlurmSink()], "a",
+                     clock)
+    quarantined_as("localhost", led, clock)
+    assert last_action(led, clock) == ("quarantine", "failed", UNKNOWN.format("localhost"))
+    assert SlurmSink().quarantine({**EVENT, "node": "n1", "job": "a",
+                                   "finding": {"id": 7, "replica_group": 1}}).ok
+    drained = node("n1")
+    assert drained == (True, "lightkeeper(a): dead_rank finding 7 replica_group 1")
+    caplog.set_level(logging.WARNING, logger="monitor.act.sinks.hooks")
+    led.release("h1", "the failed host released")
+    led.run_actions(clock())
+    assert last_action(led, clock) == (
+        "release", "done", "node localhost is the NodeHostName of n1 and its quarantine here "
+        "was not done (failed); nothing done: an older version's drain, if any, is left to lift "
+        "by hand (see docs/quarantine.md)")
+    warned = [r.getMessage() for r in caplog.records if r.name == "monitor.act.sinks.hooks"]
+    assert len(warned) == 1 and "NodeHostName of n1:" in warned[0], warned
+    assert node("n1") == drained and node("n2") == (False, "")
+
+
+def test_an_older_versions_drain_through_a_node_hostname_is_released_once_its_sink_is_fixed(
+        slurm, monkeypatch, tmp_path):
+    """An older version quarantined host h1, named localhost, with ``update
+    NodeName=localhost`` (n1 drained, done), and its release failed for good (its Slurm user
+    not allowed). This version's release, once that is fixed, undoes that quarantine: n1 is
+    undrained through its NodeHostName."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    subprocess.run(["scontrol", "update", "NodeName=n2", "NodeHostname=n2host"], check=True)
+
+    class Older:
+        name, per_job = "slurm", True
+
+        def quarantine(self, event):
+            subprocess.run(["scontrol", "update", f"NodeName={event['node']}", "State=DRAIN",
+                            "Reason=lightkeeper(a): hang finding 1 replica_group 1"], check=True)
+            return ActionResult(True, "scontrol update exited 0")
+
+        def release(self, event):
+            return ActionResult(False, "scontrol update exited 1: Invalid user id", retry=False)
+
+    clock, store = Clock(), Store(str(tmp_path / "m.sqlite"))
+    older = HostLedger(store, QuarantineConfig(), [Older()], "a", clock)
+    quarantined_as("localhost", older, clock)
+    assert node("n1") == (True, "lightkeeper(a): hang finding 1 replica_group 1")
+    older.release("h1", "a false alarm")
+    older.run_actions(clock())
+    assert last_action(older, clock)[:2] == ("release", "failed")
+    led = HostLedger(store, QuarantineConfig(), [SlurmSink()], "a", clock)
+    led.release("h1", "the Slurm user fixed")
+    led.run_actions(clock())
+    op, status, detail = last_action(led, clock)
+    assert (op, status) == ("release", "done") and detail.startswith(
+        "scontrol update NodeName=n1 State=UNDRAIN"), detail
+    assert node("n1") == node("n2") == (False, "")
 
 
 def test_a_release_of_a_node_addr_is_no_alias(slurm, monkeypatch):

@@ -274,9 +274,21 @@ class HostActions:
         sink = self._sink(a["sink"])
         if sink is None:
             return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
+        event = {**a["event"], "action_id": a["id"], "attempt": attempts, "monitor": self.sender}
         try:
-            return getattr(sink, a["op"])({**a["event"], "action_id": a["id"],
-                                           "attempt": attempts, "monitor": self.sender})
+            if a["op"] == "release":  # a sink holds only what that quarantine carried out
+                event["undoes"] = self._undoes(a)
+            return getattr(sink, a["op"])(event)
         except Exception as e:  # a sink bug is a failed attempt, never a crash
             log.exception("sink %s failed", a["sink"])
             return ActionResult(False, f"{type(e).__name__}: {e}")
+
+    def _undoes(self, a: dict[str, Any]) -> dict[str, Any] | None:
+        """For release ``a``: its sink's newest quarantine of the host tried before it, past
+        releases not done (they undid nothing), as ``{"action_id", "status"}``; None when
+        there is none, or a release done came after it."""
+        b = self.store.host_action_before(a["host"], a["sink"], a["id"])
+        while b and b["op"] == "release" and b["status"] != "done":
+            b = self.store.host_action_before(a["host"], a["sink"], b["id"])
+        return {"action_id": b["id"], "status": b["status"]} \
+            if b and b["op"] == "quarantine" else None

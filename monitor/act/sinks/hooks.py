@@ -161,7 +161,7 @@ class SlurmSink:
             return ActionResult(False, str(e), retry=False)
         found = self._find(node)
         if found is None and what is None:
-            found = self._alias(node, str(event.get("job") or ""))
+            found = self._alias(node, str(event.get("job") or ""), event.get("undoes"))
         if isinstance(found, ActionResult):
             return found
         if found is None:  # known by neither name
@@ -230,12 +230,13 @@ class SlurmSink:
             return (name, *_held(p.stdout))
         return None
 
-    def _alias(self, node: str, raw: str) -> tuple[str, str | None, str | None] | ActionResult \
-            | None:
+    def _alias(self, node: str, raw: str, undoes: dict | None
+               ) -> tuple[str, str | None, str | None] | ActionResult | None:
         """For a release: the node an older version drained through ``node``, its NodeHostName
         (``update`` takes that, ``show`` does not; a NodeAddr neither), as ``_find`` says it,
         if its reason is a Lightkeeper drain listing this job or no job; else None. Where
-        several nodes carry that name, the release done with nothing updated."""
+        several nodes carry that name, or the quarantine the release undoes (``undoes``, the
+        event's) was not done, the release done with nothing updated."""
         p = self._show()
         if isinstance(p, ActionResult):
             return p
@@ -252,18 +253,22 @@ class SlurmSink:
             m = DRAINED_BY.fullmatch(reason or "")
             if m and (m[1] is None or _jobs(m) & {slurm_job(raw), _fold(raw)}):
                 found = names["NodeName"], held, reason
-        if found and len(carry) > 1:
-            # which one the update drained is unknown: the drain found may be a node's own
-            # quarantine, still held. Done, not failed: a sibling's own quarantine would fail
-            # this release for good
+        status = (undoes or {}).get("status")
+        if found and (len(carry) > 1 or status != "done"):
+            # which one the update drained is unknown, or no update was sent (this version's
+            # quarantine of such a name fails unsent): the drain found may be a node's own
+            # quarantine, still held. Done, not failed: failed, it stays so while that holds
             nodes = ",".join(carry)
+            why = f"is ambiguous: the NodeHostName of {nodes}" if len(carry) > 1 else \
+                f"is the NodeHostName of {nodes} and its quarantine here was not done " \
+                f"({status or 'none tried'})"
             log.warning("node %s is the NodeHostName of %s: an older version's drain through "
                         "it, if any, is left to the operator: scontrol show node <n>; lift a "
                         "lightkeeper(...) reason of job %s by hand (docs/quarantine.md)",
                         node, nodes, slurm_job(raw))
-            return ActionResult(True, f"node {node} is ambiguous: the NodeHostName of {nodes}; "
-                                      "nothing done: an older version's drain, if any, is "
-                                      "left to lift by hand (see docs/quarantine.md)")
+            return ActionResult(True, f"node {node} {why}; nothing done: an older version's "
+                                      "drain, if any, is left to lift by hand (see "
+                                      "docs/quarantine.md)")
         return found
 
     def _show(self, *names: str) -> subprocess.CompletedProcess | ActionResult:
