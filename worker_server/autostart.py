@@ -25,6 +25,9 @@ The hook is this module's stable interface (TorchTitan and other integrations re
   ``LIGHTKEEPER_JOB``. ``LIGHTKEEPER_WORKER_HOST`` binds (default 127.0.0.1);
   ``LIGHTKEEPER_WORKER_PORT`` (default 0: ephemeral) is offset by ``LOCAL_RANK`` so the ranks of
   one node do not collide. ``LIGHTKEEPER_MONITOR`` registers the rank with a monitor.
+- torchft 0.2.x's ``DistributedDataParallel`` fails its comm hook (``assert fut._fut``) when the
+  all-reduce fails, so a lost peer ends this rank too; its first construction with that hook
+  (:func:`patch_ddp`) says so in one line (docs/run.md, Limits with torchft 0.2.0).
 - A process that already serves an explicit WorkerServer (the two-line API called before the
   Manager existed, as ``lightkeeper train`` does) is left to it; an explicit
   ``WorkerServer.start(manager)`` after the hook started one returns the hook's server.
@@ -50,10 +53,12 @@ if TYPE_CHECKING:
 ENV_AUTOSTART = "LIGHTKEEPER_AUTOSTART"
 TARGET_MODULE = "torchft.manager"
 SAVER = "torch.distributed.checkpoint.state_dict_saver"
+DDP = "torchft.ddp"
 _MARK = "_lightkeeper_autostart_wrapped"
 
 _lock = _thread.allocate_lock()
 _server: Any = None  # the WorkerServer this hook started in this process
+_ddp_checked = False  # torchft's DDP hook was checked in this process (once: it reads metadata)
 
 
 def __getattr__(name: str):
@@ -108,6 +113,11 @@ def install() -> None:
     marks its saves too."""
     if SAVER not in sys.modules:
         hook_import(SAVER, _patch_saver)
+    ddp = sys.modules.get(DDP)
+    if ddp is None:
+        hook_import(DDP, patch_ddp)
+    else:
+        patch_ddp(ddp)
     module = sys.modules.get(TARGET_MODULE)
     if module is not None:
         patch_module(module)
@@ -190,6 +200,49 @@ def patch_module(module: Any) -> bool:
         say(f"autostart: cannot hook torchft's Manager ({type(e).__name__}: {e}); "
             "training goes on without a WorkerServer")
         return False
+
+
+def patch_ddp(module: Any) -> bool:
+    """Wrap ``torchft.ddp.DistributedDataParallel.__init__``: once constructed, check whether
+    it uses torchft 0.2.x's comm hook (:func:`check_ddp`). Never says anything itself."""
+    try:
+        cls = module.DistributedDataParallel
+        original, hook = cls.__init__, getattr(cls, "_comm_hook", None)
+        if getattr(original, _MARK, False):
+            return True
+
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            check_ddp(type(self), hook)
+
+        __init__.__wrapped__ = original  # type: ignore[attr-defined]
+        __init__.__doc__ = original.__doc__
+        setattr(__init__, _MARK, True)
+        cls.__init__ = __init__
+        return True
+    except Exception:  # a torchft whose DDP looks different: nothing to warn about
+        return False
+
+
+def check_ddp(cls: type, hook: Any) -> None:
+    """One line, once per process, when a DDP of class ``cls`` uses ``hook`` (torchft's own
+    ``_comm_hook``, not a subclass's or a patched one) and the imported torchft is 0.2.x."""
+    global _ddp_checked
+    try:
+        if _ddp_checked or hook is None or getattr(cls, "_comm_hook", None) is not hook:
+            return
+        _ddp_checked = True
+        from .state import module_version
+
+        version = module_version("torchft")  # nightly beside 0.2.0 reads as nightly
+        # "0.2.0|2026.10.26" (a mixed install) or "unknown": which hook runs is not known
+        if all(v.startswith("0.2.") for v in version.split("|")):
+            say(f"torchft {version}'s DistributedDataParallel: a lost peer (a crash, a stopped "
+                "or evicted group, /v1/abort) fails its comm hook's assert and ends this rank "
+                "too; use torchft-nightly, or Manager.allreduce for the gradients (docs/run.md, "
+                "Limits with torchft 0.2.0)")
+    except Exception:
+        pass
 
 
 def replica_group_of(manager: Any, env: dict[str, str] | None = None) -> tuple[int, str]:
