@@ -56,6 +56,9 @@ FINISH_WAIT_S = 3.0  # finish(): how long a clean end waits for a monitor's read
 # stopped(): a leader-polling monitor reads a non-leader every --member-interval (10 s); under
 # the 30 s a kubelet, Slurm (KillWait) and torchrun give a SIGTERMed process before SIGKILL
 STOP_WAIT_S = 20.0
+# stopped(): however often a monitor reads, a sweep may come seconds late (its cores shared, a
+# sweep waiting on a dump or a dead rank): its next read is waited for this long at least
+STOP_FLOOR_S = 5.0
 POLLED_RECENTLY_S = 10.0  # finish() waits only for a reader seen this recently
 FLUSH_S = 0.1  # the server writes an answer out after its handler returns
 EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
@@ -467,14 +470,15 @@ class WorkerServer:
         ``"stopped_by"``, so a monitor counts it ended, not dead, and does not blame its host.
 
         Waits for a polling monitor's next read, until two of its intervals (the longer of the
-        last two gaps between its reads) have passed since its last one and at most
-        ``STOP_WAIT_S``: a monitor stopped at the same moment holds the rank's end that long at
-        most. Returns whether one was."""
+        last two gaps between its reads), and at least ``STOP_FLOOR_S`` (a busy monitor's sweep
+        comes late), have passed since its last one, and at most ``STOP_WAIT_S``: a monitor
+        stopped at the same moment holds the rank's end that long at most. Returns whether one
+        was."""
         self.state.finish(stopped_by=by)
         read_at, gap = self.state.state_read_at, self.state.read_gap_s
         if read_at is None or gap is None:
             return False
-        wait_s = min(STOP_WAIT_S, read_at + 2 * gap - time.monotonic())
+        wait_s = min(STOP_WAIT_S, read_at + max(2 * gap, STOP_FLOOR_S) - time.monotonic())
         return wait_s > 0 and self._finished_read(wait_s)
 
     def _finished_read(self, wait_s: float) -> bool:
