@@ -118,3 +118,37 @@ def test_a_rank_crashed_before_it_was_verified_is_dead_when_its_peer_says_it_sto
             [(manager.url, "host-1")]
     finally:
         mon.stop()
+
+
+def test_a_crashed_rank_whose_peer_said_it_stopped_is_dead_of_a_group_of_its_size(tmp_path, job):
+    """A verified group's rank 1 crashes, torchrun SIGTERMs its Manager's rank, which says it
+    stopped and is forgotten: the ``dead`` finding still counts the group at its size."""
+    manager, peer = job.sim.group(1)
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        job="sim", lighthouse=job.url, register_token=TOKEN, forget_after_s=600,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0))
+    mon = Monitor(cfg).start()
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        for r in job.sim.ranks:
+            res = requests.post(mon.url + "/v1/targets", timeout=10,
+                                headers={"Authorization": f"Bearer {TOKEN}"},
+                                json={"url": r.url, "job": "sim", "rank": r.state["rank"],
+                                      "replica_group": r.state["replica_group"]})
+            assert res.status_code == 200, res.text
+        mon.sweep_once()
+        job.alive.discard(1)
+        peer.set_mode("down")
+        manager.update(**STOPPED)
+        mon.sweep_once()  # the stop read: forgotten once it no longer answers
+        manager.set_mode("down")
+
+        def dead():
+            mon.sweep_once()
+            return [f for f in requests.get(mon.url + "/v1/findings", timeout=10).json()
+                    if f["kind"] == "dead"]
+        [f] = wait_until(dead, 30, interval=0.2, what="the crash found dead")
+        assert f["ranks"] == [3], f
+        assert f["evidence"]["summary"].startswith("1 of the group's 2 rank(s)"), f
+    finally:
+        mon.stop()

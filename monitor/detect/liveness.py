@@ -203,10 +203,13 @@ class Liveness:
                 findings.resolve_where(
                     "finished" if any(r.ended for r in gv.ranks) else "reachable", now, ("dead",), g)
                 continue
-            ev = {"summary": f"{len(down)} of the group's {len(gv.ranks)} rank(s) unreachable "
+            # a peer that said it stopped (torchrun SIGTERMs them) is forgotten: the size it said
+            size = max([len(gv.ranks)] + [ws for r in gv.ranks if isinstance(
+                ws := (r.state or {}).get("group_world_size"), int)])
+            ev = {"summary": f"{len(down)} of the group's {size} rank(s) unreachable "
                              f"for {self.cfg.dead_sweeps}+ sweeps",
                   "unreachable": _unreachable(down), "group_ranks_unreachable": len(down),
-                  "group_ranks": len(gv.ranks)}
+                  "group_ranks": size}
             new.append(findings.confirm(
                 "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
                 min(r.unreachable_since or now for r in down), now, view))
