@@ -216,7 +216,8 @@ class Incidents(dict[int, Incident]):
             acted = inc.evicted_at is not None or inc.resolved_at is not None
             back_in = inc.replica_group is None or inc.replica_group in in_quorum
             if inc.back_to_pace_at is not None and acted and back_in:
-                inc.closed_at, changed = now, True
+                # its cost in group-steps stays what it was, however the baseline moves on
+                inc.closed_at, inc.closed_step_s, changed = now, b, True
             if changed:
                 self.dirty.add(inc.id)
 
@@ -232,13 +233,20 @@ class Incidents(dict[int, Incident]):
         return max((i for i in self.open() if i.evicted_at is not None and i.evicted_at < t
                     and i.back_to_pace_at is None), key=lambda i: i.evicted_at, default=None)
 
-    def explaining(self, drag: bool) -> Incident | None:
-        """The latest open incident not yet acted on, of a fault that slows commits (``drag``)
+    def unacted(self, t: float) -> list[Incident]:
+        """Open incidents not acted on by ``t``: findings open, no eviction before ``t`` (the
+        kill a sweep decides is stamped after its time: that sweep's slow time is still the
+        fault's, not yet a recovery)."""
+        return [i for i in self.open() if i.resolved_at is None
+                and (i.evicted_at is None or i.evicted_at >= t)]
+
+    def explaining(self, drag: bool, t: float) -> Incident | None:
+        """The latest incident not acted on by ``t``, of a fault that slows commits (``drag``)
         or of one that may stop them (anything but a straggler). Evicted or its findings
         cleared, it explains no later slowness or stall (its group may never return; an
         eviction the job is still recovering from is :meth:`recovering`'s)."""
-        return max((i for i in self.open() if i.evicted_at is None and i.resolved_at is None
-                    and (i.kind in DRAG_KINDS if drag else i.kind != "straggler")),
+        return max((i for i in self.unacted(t)
+                    if (i.kind in DRAG_KINDS if drag else i.kind != "straggler")),
                    key=lambda i: (i.detected_at, i.id), default=None)
 
     def of_group(self, g: int | None) -> Incident | None:

@@ -234,11 +234,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= window)
         recovering = incs.recovering(now)
-        drag, other = incs.explaining(drag=True), incs.explaining(drag=False)
+        drag, other = incs.explaining(True, now), incs.explaining(False, now)
         idle = not job_moved and not committed
         # the pace window never reaches back across the onset of an incident not acted on
-        cuts = [i.onset_at for i in incs.open() if i.evicted_at is None
-                and i.resolved_at is None and now - window < i.onset_at < now]
+        cuts = [i.onset_at for i in incs.unacted(now) if now - window < i.onset_at < now]
         self.judged.drop_before(now - self.job.horizon)
         if stall and recovering is None:
             self._pending_to_stall(other or drag)
@@ -418,13 +417,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         keep: list[Run] = []
         blocked = np.zeros(len(self.slots), bool)  # an earlier run of the slot is open
         for r in self.runs:
-            final = r.t1 <= cutoff or (r.cause != PENDING and not self._provisional(r)
-                                       and not self._unsure(r) and (
-                r.incident is not None or r.cause == "startup" or r.groups[0] is None))
-            if not final:
+            sure = r.cause != PENDING and not self._provisional(r) and not self._unsure(r) and (
+                r.incident is not None or r.cause == "startup" or r.groups[0] is None)
+            if not (sure or r.t1 <= cutoff):
                 blocked[r.slots] = True
                 keep.append(r)
                 continue
+            if sure and not r.counted:  # its cause is final: counted now, settled in order
+                acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
+                r.counted = True
             held = blocked[r.slots]
             if held.any():
                 if held.all():

@@ -128,6 +128,7 @@ class Incident:
     cost: dict[str, float] = field(default_factory=dict)  # settled replica-seconds by cause
     gpu_cost: float = 0.0  # settled GPU-seconds
     gpu_cost_known: bool = True  # every settled slice had a known world size
+    closed_step_s: float | None = None  # the baseline it closed with: its group-steps' unit
 
     @property
     def open(self) -> bool:

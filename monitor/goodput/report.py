@@ -87,7 +87,8 @@ class GoodputReport:
             return round(t - inc.onset_at, 3) if t is not None else None
 
         out = asdict(inc)
-        del out["gpu_cost"], out["gpu_cost_known"]
+        del out["gpu_cost"], out["gpu_cost_known"], out["closed_step_s"]
+        b = inc.closed_step_s if not inc.open and inc.closed_step_s else self.baseline
         return {
             **out, "open": inc.open,
             "back_to_pace": None if inc.back_to_pace_at is None
@@ -99,7 +100,7 @@ class GoodputReport:
             "cost": {"replica_seconds": round(total, 3),
                      "by_cause": {k: round(v, 3) for k, v in sorted(live.cost.items())},
                      "gpu_seconds": gpu,
-                     "group_steps": round(total / self.baseline, 1) if self.baseline else None},
+                     "group_steps": round(total / b, 1) if b else None},
         }
 
     def intervals_json(self, limit: int = 200) -> list[dict[str, Any]]:

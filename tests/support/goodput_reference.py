@@ -16,7 +16,11 @@ after a kill, not yet back, loses capacity on it (``_account_down``). And one of
 the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do.
 And: a commit the ranks date at or before the previous sweep is dated at the sweep that saw it
 (``_ingest_job_step``), and the slots never seen are booked as one slice a sweep
-(``_account``, ``_account_down``, ``_account_gap``)."""
+(``_account``, ``_account_down``, ``_account_gap``). And: an incident whose kill is stamped at or
+after a sweep's time is not acted on in that sweep (``_explaining``, ``_account``), a closed
+incident's group-steps are in the baseline it closed with (``_follow_incidents``,
+``incident_json``), and a slice whose cause is final is counted at once, though it settles in
+its group's time order (``_settle``)."""
 
 from __future__ import annotations
 
@@ -540,13 +544,13 @@ class GoodputLedger:
                  and i.evicted_at < t and i.back_to_pace_at is None]
         return max(cands, key=lambda i: i.evicted_at) if cands else None
 
-    def _explaining(self, straggler: bool | None = None) -> Incident | None:
-        """The latest open incident not acted on (of a fault that slows commits, or of
-        anything but a straggler, or either)."""
+    def _explaining(self, t: float, straggler: bool | None = None) -> Incident | None:
+        """The latest open incident not acted on by ``t`` (of a fault that slows commits, or
+        of anything but a straggler, or either)."""
         cands = [i for i in self._open_incidents()
                  if (straggler is None or (i.kind in DRAG_KINDS if straggler
                                            else i.kind != "straggler"))
-                 and i.evicted_at is None and i.resolved_at is None]
+                 and (i.evicted_at is None or i.evicted_at >= t) and i.resolved_at is None]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
     def _group_incident(self, g: int | None) -> Incident | None:
@@ -588,12 +592,13 @@ class GoodputLedger:
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= self.window)
         recovering = self._recovering(now)
-        straggler = self._explaining(straggler=True)
-        other = self._explaining(straggler=False)
+        straggler = self._explaining(now, straggler=True)
+        other = self._explaining(now, straggler=False)
         stall_cause = other or straggler
         idle = not job_moved and not any(deltas.get(g, 0) for g in inside)
         # the pace window never reaches back across the onset of an incident not yet acted on
-        cuts = [i.onset_at for i in self._open_incidents() if i.evicted_at is None
+        cuts = [i.onset_at for i in self._open_incidents()
+                if (i.evicted_at is None or i.evicted_at >= now)
                 and i.resolved_at is None and now - self.window < i.onset_at < now]
         cut = max(cuts) if cuts else None
         judged_from = now - self.horizon
@@ -791,7 +796,7 @@ class GoodputLedger:
             # closed: acted on (evicted) or cleared, the job back at pace, the group back in
             acted = inc.evicted_at is not None or inc.resolved_at is not None
             if inc.back_to_pace_at is not None and acted and back_in:
-                inc.closed_at, changed = now, True
+                inc.closed_at, inc.closed_step_s, changed = now, b, True
             if changed:
                 self._dirty_incidents.add(inc.id)
 
@@ -883,9 +888,12 @@ class GoodputLedger:
         blocked: set[str] = set()  # groups with an earlier slice still open to change
         for s in self.unsettled:
             key = self._key(s.replica_group)
-            final = s.t1 <= cutoff or (s.cause != PENDING and not self._provisional(s) and (
-                s.incident is not None or s.cause == "startup" or s.replica_group is None))
-            if key in blocked or not final:
+            sure = s.cause != PENDING and not self._provisional(s) and (
+                s.incident is not None or s.cause == "startup" or s.replica_group is None)
+            if sure and not s.counted:  # its cause is final: counted now, settled in order
+                acct.badput[s.cause] += s.seconds
+                s.counted = True
+            if key in blocked or not (sure or s.t1 <= cutoff):
                 blocked.add(key)
                 keep.append(s)
                 continue
@@ -983,6 +991,7 @@ class GoodputLedger:
                 else:
                     gpu_known = False
         total = sum(cost.values())
+        b = inc.closed_step_s if not inc.open and inc.closed_step_s else self.baseline
 
         def since_onset(t: float | None) -> float | None:
             return round(t - inc.onset_at, 3) if t is not None else None
@@ -1009,8 +1018,7 @@ class GoodputLedger:
                      "gpu_seconds": round(gpu, 3) if gpu_known and total > 0 else
                      (0.0 if total == 0 else None),
                      # the group-steps that time holds at the healthy pace
-                     "group_steps": round(total / self.baseline, 1)
-                     if self.baseline else None},
+                     "group_steps": round(total / b, 1) if b else None},
         }
 
     def intervals_json(self, limit: int = 200) -> list[dict[str, Any]]:
