@@ -156,8 +156,9 @@ class Processes:
 
     # --- stop ---------------------------------------------------------------------------------
     def stop(self, grace: float = 3.0) -> None:
-        """Stop every process the demo started and their descendants, by PID: SIGTERM to all at
-        once, ``grace`` seconds for all of them together, then SIGKILL whatever is left."""
+        """Stop every process the demo started and their descendants, by PID: SIGTERM to all but
+        the monitor at once, then to the monitor (a stopped rank waits for its read: a planned
+        stop), ``grace`` seconds for each of the two, then SIGKILL whatever is left."""
         from .processes import descendants, signal_same, stamped, stop_process
 
         self.stopping = True
@@ -166,13 +167,16 @@ class Processes:
         # the trees as they are now: a child whose parent exits is no longer its descendant.
         # With start times: a PID that exits during the grace may be another process's after
         trees = {p: stamped([p.pid, *descendants(p.pid)]) for p in running}
-        signal_same([pp for tree in trees.values() for pp in tree], signal.SIGTERM)
-        end = time.monotonic() + grace
-        for p in running:
-            try:
-                p.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        monitor = getattr(self, "monitor_proc", None)
+        for last in (False, True):
+            now = [p for p in running if (p is monitor) == last]
+            signal_same([pp for p in now for pp in trees[p]], signal.SIGTERM)
+            end = time.monotonic() + grace
+            for p in now:
+                try:
+                    p.wait(timeout=max(0.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
         for p in reversed(self.procs):
             try:
                 stop_process(p, grace=0.0)  # SIGKILL the rest of its tree and reap it

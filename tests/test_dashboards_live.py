@@ -215,9 +215,11 @@ def live(tmp_path_factory):
     finally:
         if prom is not None:
             prom.stop()
-        if monitor is not None:
-            stop_process(monitor)
-        cluster.stop()
+        try:
+            cluster.stop()  # before the monitor: a SIGTERMed rank waits for its next read
+        finally:
+            if monitor is not None:
+                stop_process(monitor)
 
 
 def _maybe_render_docs(run: LiveRun) -> None:

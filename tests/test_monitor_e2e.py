@@ -114,9 +114,11 @@ def env(tmp_path_factory):
             cluster.wait_for_workers(g, timeout=90)
         yield e
     finally:
-        if e["monitor"] is not None:
-            e["monitor"].stop()
-        cluster.stop()
+        try:
+            cluster.stop()  # before the monitor: a SIGTERMed rank waits for its next read
+        finally:
+            if e["monitor"] is not None:
+                e["monitor"].stop()
 
 
 def group_states(env, g: int) -> list[dict]:
