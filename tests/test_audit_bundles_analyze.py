@@ -72,7 +72,7 @@ def test_a_broken_dump_inside_a_bundle_is_named_in_the_bundle(tmp_path, capsys):
             info = tarfile.TarInfo(m.name)
             info.size = len(data)
             dst.addfile(info, io.BytesIO(data))
-    assert main(["analyze", "--format", "json", str(out)]) == 0
+    assert main(["analyze", "--format", "json", str(out)]) == 2  # the culprit's dump unread: incomplete
     [error] = json.loads(capsys.readouterr().out)["errors"]
     assert error["path"] == f"{out}: fr/rank1.json", error
     assert error["error"].startswith("invalid JSON"), error

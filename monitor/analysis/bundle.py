@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .stragglers import StragglerConfig
+
 FORMAT = "lightkeeper-incident-bundle"
 VERSION = 1
 MANIFEST, FINDINGS = "manifest.json", "findings.json"
@@ -169,34 +171,65 @@ def _finding(data: bytes) -> dict[str, Any] | None:
 
 def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
                     finding: dict[str, Any] | None = None, analyzed: bool = True,
-                    compared: set[int] | None = None) -> dict[str, Any]:
+                    compared: set[int] | None = None, lags: list[dict[str, Any]] | None = None,
+                    read: set[int] | None = None) -> dict[str, Any]:
     """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``.
     ``analysis_agrees``: the named ranks are some finding's culprits (:func:`_named`), or all
-    findings' together (a cross-group hang is one finding per torchft group); None when none are
-    named, no dump was ``analyzed``, the kind does not show in a dump (``flight_recorder_shows``),
-    or a named straggler's arrivals were ``compared`` with no peer's (``unchecked`` says so)."""
+    findings' together (a cross-group hang is one finding per torchft group), or a named
+    straggler some ``lags`` entry's; None when none are named, no dump was ``analyzed``, the kind
+    does not show in a dump (``flight_recorder_shows``), or the dumps cannot check it
+    (``unchecked``, ``unchecked_why``): a named rank's dump not ``read``, none of a hang's waiting
+    ranks' either, or a named straggler not ``compared`` with a peer over enough collectives."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
-    shows = manifest.get("kind") in FR_KINDS
-    culprits = [set(_named(f)) for f in findings]
+    kind = manifest.get("kind")
+    shows = kind in FR_KINDS
+    # a lag says who enqueued later, not who is off pace: enough to back the monitor's straggler
+    culprits = [set(_named(f)) for f in [*findings, *(lags or [] if kind == "straggler" else [])]]
     agrees = set(named) in [*culprits, set().union(*culprits)] if named and shows and analyzed \
         else None
-    # a straggler the dumps could not time against any peer is neither confirmed nor denied
-    unchecked = agrees is False and manifest.get("kind") == "straggler" and compared is not None \
-        and not set(named) <= compared
-    if unchecked:
+    why = _unchecked(kind, named, finding, compared, read) if agrees is False else None
+    if why:  # neither confirmed nor denied
         agrees = None
     ev = (finding or {}).get("evidence")
     summary = ev.get("summary") if isinstance(ev, dict) else None
     return {"id": manifest.get("id"), "trigger": manifest.get("trigger"),
-            "kind": manifest.get("kind"), "replica_group": manifest.get("replica_group"),
+            "kind": kind, "replica_group": manifest.get("replica_group"),
             "replica_id": manifest.get("replica_id"), "culprit_ranks": named,
             "decision": decision.get("decision"), "decision_id": decision.get("id"),
             "not_fetched": [r for r in manifest.get("ranks") or []
                             if r.get("fr_trace") != "ok" or r.get("stacks") != "ok"],
             "left_out": manifest.get("left_out") or [], "analysis_agrees": agrees,
-            "flight_recorder_shows": shows, "unchecked": unchecked,
+            "flight_recorder_shows": shows, "unchecked": bool(why), "unchecked_why": why,
             "summary": summary[:500] if isinstance(summary, str) else None}
+
+
+def onset_ns(manifest: dict[str, Any], finding: dict[str, Any] | None) -> int | None:
+    """A straggler finding's onset, ns since the epoch: its ``first_seen``, the start of its first
+    late step (monitor/detect/straggler.py); None for other kinds or where the bundle lacks it."""
+    first = (finding or {}).get("first_seen")
+    if manifest.get("kind") != "straggler" or isinstance(first, bool) or not isinstance(first, int | float) \
+            or not 0 < first < 1e11:
+        return None
+    return int(first * 1e9)
+
+
+def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, compared: set[int] | None,
+               read: set[int] | None) -> str | None:
+    """Why the dumps cannot check what the monitor named, or None when they can."""
+    spans = ", ".join(map(str, named))
+    if read is not None and not set(named) <= read:
+        return f"no readable dump of rank(s) {', '.join(str(r) for r in named if r not in read)}"
+    ev = (finding or {}).get("evidence")
+    waited = ev.get("waiting_ranks") if isinstance(ev, dict) else None
+    if kind == "hang" and read is not None and isinstance(waited, list) and waited \
+            and not set(waited) & read:  # those the hang shows in: a cut download has the culprit's
+        return f"no readable dump of any rank that waited for them ({', '.join(map(str, waited))})"
+    if kind == "straggler" and compared is not None and not set(named) <= compared:
+        since = onset_ns({"kind": kind}, finding) is not None
+        return f"no other rank could be timed against rank(s) {spans}" + (
+            f" over {StragglerConfig.min_collectives} or more collectives since the finding's onset" if since else "")
+    return None
 
 
 def _named(finding: dict[str, Any]) -> list[int]:

@@ -2,8 +2,8 @@
 A PATH may also be a monitor's incident bundle (monitor/analysis/bundle.py: its dumps are read,
 and what the monitor named is said beside the findings) or torchft's per-quorum dump folders
 (monitor/analysis/torchft_dumps.py: one quorum's). Exit status: 0 no findings, 1 findings, 2
-nothing loadable, nothing recorded to compare, no findings in a torchft quorum chosen over one
-holding more dumps, or a bad flag.
+nothing loadable, nothing recorded to compare, no findings while an input could not be read (a
+torchft quorum chosen over one holding more dumps among them), or a bad flag.
 """
 
 from __future__ import annotations
@@ -11,13 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from http_serving import printable
 
-from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
+from .bundle import (
+    FR_DIR,
+    BundleError,
+    OpenedBundle,
+    is_bundle,
+    monitor_verdict,
+    onset_ns,
+    open_bundle,
+)
 from .torchft_dumps import SeveralJobs, holdings, listed, pick, quorum_folders
 
 
@@ -44,6 +53,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from .engine import analyze, nothing_recorded
     from .loader import load_paths
     from .pool import JOBS_PER_CORE, available_cores, max_workers
+    from .stragglers import StragglerConfig
 
     out = out or sys.stdout
     for flag, value in (("--world-size", args.world_size), ("--jobs", args.jobs)):
@@ -71,9 +81,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             if Path(e.get("path", "")).parent == Path(b.fr_dir):
                 e["path"] = f"{b.source}: {FR_DIR}/{Path(e['path']).name}"
             e["error"] = e["error"].replace(str(Path(b.fr_dir)) + "/", f"{b.source}: {FR_DIR}/")
-    result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
+    # a bundle's straggler is judged from its onset: the healthy steps before would outvote it
+    since = next((onset_ns(b.manifest, b.finding) for b in inputs.bundles), None)
+    result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size,
+                     straggler=StragglerConfig(since_ns=since))
     result.errors = inputs.errors + loaded.errors + result.errors
     notes = inputs.notes + loaded.notes
+    if since is not None:
+        notes.append(f"stragglers judged over the collectives enqueued since the monitor's finding began "
+                     f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since / 1e9))}, its first_seen)")
+    missed = [e for e in result.errors if not e["error"].startswith(READ_ANYWAY) and e not in inputs.read_anyway]
     if args.jobs is not None and args.jobs > max_workers():  # more only add start-up and memory
         notes.append(f"--jobs {args.jobs}: at most {max_workers()} worker processes start "
                      f"({JOBS_PER_CORE} per available core, of {available_cores()})")
@@ -81,6 +98,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         # the rank that never arrived may be the one whose dump is missing: no hang shows then
         notes.append("ranks without a dump are not blamed, yet a rank that never arrived may be "
                      "one: --blame-missing counts them as not having arrived")
+    if missed and not result.findings and result.ranks:
+        notes.append(f"{len(missed)} {INCOMPLETE}")
     result.notes = notes + result.notes
     report = result.to_dict()
     report["pickle_reader"] = loaded.pickle_reader
@@ -88,7 +107,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         report["torchft_quorums"] = inputs.quorums
     if inputs.bundles:
         report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding, bool(result.ranks),
-                                             result.compared)
+                                             result.compared, report["lags"], set(result.ranks))
                              for b in inputs.bundles]
     if args.format == "json":
         json.dump(report, out, indent=2)
@@ -105,7 +124,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print("lightkeeper analyze: no findings in the torchft quorum read, but another holds more dumps "
                   f"(--quorum {inputs.fuller[0]})", file=sys.stderr)
         return 2
+    if missed and not result.findings:  # the culprit's dump may be the one missed: not "healthy"
+        if args.format == "text":
+            print(f"lightkeeper analyze: no findings, but {len(missed)} input(s) could not be read: incomplete",
+                  file=sys.stderr)
+        return 2
     return 1 if result.findings else 0
+
+
+# errors that leave no dump unread: a file that is no dump (a log beside the dumps), a second dump
+# of a rank (the first is read)
+READ_ANYWAY = ("neither JSON nor a pickle", "duplicate dump of rank ")
+INCOMPLETE = ("input(s) could not be read (errors): a rank to blame may be among them, so no "
+              "findings is no healthy verdict; nothing compared for them")
 
 
 @dataclass
@@ -118,6 +149,7 @@ class Inputs:
     errors: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # which quorum was read, where not the newest
     fuller: list[int] = field(default_factory=list)  # quorums not read holding more dumps than the one read
+    read_anyway: list[dict[str, str]] = field(default_factory=list)  # errors that leave no dump asked for unread
 
 
 def expand(paths: list[str], quorum: int | None = None) -> Inputs:
@@ -156,6 +188,7 @@ def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
     if not folders:
         if quorum is not None:  # read as given, but --quorum picked nothing here
             out.errors.append({"path": raw, "error": f"--quorum {quorum}: no torchft quorum folders here"})
+            out.read_anyway.append(out.errors[-1])
         out.paths.append(raw)
         return
     held = holdings(folders)
@@ -177,6 +210,7 @@ def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
     if beside:
         out.errors.append({"path": raw, "error": f"{len(beside)} file(s) beside its torchft quorum folders "
                            "not read (name them to read them)"})
+        out.read_anyway.append(out.errors[-1])
 
 
 def _say_choice(raw: str, got: int, folders: dict[int, Path], held: dict[int, tuple[float, int]], out: Inputs) -> None:
@@ -224,7 +258,7 @@ def format_text(report: dict[str, Any]) -> str:
         if not b.get("flight_recorder_shows", True):
             agrees = f"a {b['kind']} fault does not show in Flight Recorder dumps"
         if b.get("unchecked"):
-            agrees = f"these dumps cannot check it: no other rank could be timed against rank(s) {named}"
+            agrees = f"these dumps cannot check it: {b.get('unchecked_why')}"
         lines.append(f"incident bundle {b['id']}: the monitor named rank(s) {named} of replica group {b['replica_group']} "
                      f"({b['kind']}, {when}){'; ' + agrees if agrees else ''}")
         if b.get("summary"):
@@ -247,6 +281,8 @@ def format_text(report: dict[str, Any]) -> str:
         # "no findings" would read as a healthy job
         notes = report.get("notes", [])
         empty = "nothing compared" if NOTHING_RECORDED in notes or NOTHING_KEPT in notes else "no findings"
+        if any(n.endswith(INCOMPLETE) for n in notes):
+            empty = "no findings in the dumps read: incomplete input, not a healthy verdict"
         lines.append(f"{len(findings)} finding(s)" if findings else empty)
     for f in findings:
         lines.append("")

@@ -30,6 +30,9 @@ class StragglerConfig:
     min_period_fraction: float = 0.1  # of the pace (larger groups) or the period (pairs)
     min_lag_ms: float = 2.0  # pairs: the least median lag in each window
     pair_windows: int = 3
+    # only the collectives every member enqueued at or after this (ns, each rank's own clock): an
+    # incident bundle's finding is judged from its onset, not diluted by the healthy steps before
+    since_ns: int | None = None
 
 
 @dataclass
@@ -63,6 +66,8 @@ class StragglerEvidence:
             config: StragglerConfig) -> None:
         """Tally one group whose every member has a dump (``rows``: each member's trace of it)."""
         lo = max(t.first_seq for t in rows.values())
+        if config.since_ns is not None:
+            lo = max(lo, *(_first_since(rows[r], config.since_ns) for r in members))
         hi = min(t.last_seq for t in rows.values())
         if hi < lo:
             return
@@ -81,7 +86,6 @@ class StragglerEvidence:
             if not subsets:
                 named = all(self.traces[r].host for r in members)  # else --same-host may help
                 self.unchecked["own_hosts" if named else "no_host"].append(key)
-        self.compared.update(r for ranks in subsets for r in ranks)
         if any(len(ranks) == 2 for ranks in subsets):
             self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
                                               for r in members[:3]])
@@ -114,6 +118,8 @@ class StragglerEvidence:
         if n == 2:
             # both values say "smaller = later": b's lag behind a is a - b
             gaps = [a - b for a, b in cols if a == a and b == b]
+            if len(gaps) >= config.min_collectives:
+                self.compared.update(ranks)
             if gaps:
                 pair = (key, (ranks[0], ranks[1]))
                 self.pairs.setdefault(pair, []).extend(gaps)
@@ -149,6 +155,8 @@ class StragglerEvidence:
             waits[i].append(median - first)
         if not used:
             return
+        if used >= config.min_collectives:  # fewer time no one (a bundle's few since its onset)
+            self.compared.update(ranks)
         group = self.tallies.setdefault((key, sig), {})
         for i, r in enumerate(ranks):
             t = group.setdefault(r, _Tally(kind))
@@ -180,7 +188,7 @@ class StragglerEvidence:
                 if not (by_last or by_late):
                     continue
                 if floor is None:  # only for a group with a candidate: it reads every rank's enqueues
-                    floor = _floor(self._pace_ms(list(group)[:3]), config, config.min_wait_ms)
+                    floor = _floor(self._pace_ms(list(group)[:3], config.since_ns or 0), config, config.min_wait_ms)
                 by_last = by_last and wait_last >= floor
                 by_late = by_late and wait_late >= floor
                 if by_last or by_late:
@@ -211,8 +219,8 @@ class StragglerEvidence:
             out.append(self._finding(rank, hits, config))
         return out, lags
 
-    def _pace_ms(self, ranks: list[int]) -> float:
-        return _period_ms([sorted(t for g in self.traces[r].groups.values() for t in g.created_ns if t)
+    def _pace_ms(self, ranks: list[int], since_ns: int) -> float:
+        return _period_ms([sorted(t for g in self.traces[r].groups.values() for t in g.created_ns if t and t >= since_ns)
                            for r in ranks])
 
     def _pair_hits(self, config: StragglerConfig) -> dict[int, list[Hit]]:
@@ -293,6 +301,11 @@ def _median(values: list[float]) -> float:
 
 def _timed(durations: Any) -> bool:
     return any(d == d for d in durations)  # NaN: no duration
+
+
+def _first_since(row: GroupTrace, since_ns: int) -> int:
+    """The first sequence id of ``row`` enqueued at or after ``since_ns`` (past its last: none)."""
+    return row.first_seq + next((i for i, t in enumerate(row.created_ns) if t >= since_ns), len(row.sigs))
 
 
 def _window(values: Any, first_seq: int, lo: int, hi: int) -> Any:

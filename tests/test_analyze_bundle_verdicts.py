@@ -1,0 +1,147 @@
+"""``lightkeeper analyze`` on incident bundles and truncated dumps: a straggler is judged from its
+finding's onset, a lag naming the culprit agrees, what the dumps cannot check is ``null`` (not
+"does not name them"), and input that failed to load gives no healthy verdict (docs/analyze.md,
+Exit status and Incident bundles)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lightkeeper.cli import main
+from monitor.analysis.bundle import FORMAT
+from tests.support.frgen import FRJob, write_dumps
+
+NIGHTLY_HANG = Path(__file__).parent / "data" / "nightly_cross_hang_bundle.tar.gz"
+
+
+def bundle(folder: Path, kind: str, culprits: list[int], dumps: dict, finding: dict | None = None) -> str:
+    """An unpacked bundle of the monitor's ``kind`` finding naming ``culprits``."""
+    write_dumps(dumps, folder / "fr", fmt="json")
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": FORMAT, "id": folder.name, "trigger": "evict", "kind": kind, "replica_group": 1,
+        "culprit_ranks": culprits, "ranks": [], "left_out": []}))
+    if finding is not None:
+        (folder / "findings.json").write_text(json.dumps({"finding": {"kind": kind, **finding}}))
+    return str(folder)
+
+
+def run(capsys, path: str) -> tuple[int, dict, int, str]:
+    """(exit status, JSON report, exit status, text) of the same input."""
+    code = main(["analyze", "--format", "json", path])
+    report = json.loads(capsys.readouterr().out)
+    text_code = main(["analyze", path])
+    return code, report, text_code, capsys.readouterr().out
+
+
+def slow_after_healthy(tmp_path: Path, ranks: int, healthy: int, slow: int, onset_before: int = 0) -> str:
+    """torchft's group over ``ranks`` one-rank replica groups on one host: ``healthy`` steps, then
+    ``slow`` with rank 1 600 ms late into each; the finding's onset ``onset_before`` steps before
+    the slow ones end (0: when they began)."""
+    job = FRJob(ranks, flavour="gloo", replica_group_size=1, hosts=dict.fromkeys(range(ranks), "vm"),
+                compute_ms=120.0, jitter_ms=5.0, seed=3)
+    job.quorum(1, list(range(ranks)))
+    for _ in range(healthy):
+        job.ft_collective()
+    for i in range(slow):
+        if i == slow - onset_before:
+            onset = max(d["entries"][-1]["time_created_ns"] for d in job.dumps().values())
+        job.ft_collective(delay_ms={1: 600.0})
+    if not onset_before:
+        onset = max(d["entries"][healthy - 1]["time_created_ns"] for d in job.dumps().values())
+    return bundle(tmp_path / "straggler", "straggler", [1], job.dumps(),
+                  {"ranks": [1], "first_seen": onset / 1e9 + 0.001, "confirmed_at": onset / 1e9 + 5})
+
+
+def test_a_straggler_is_judged_from_its_onset_not_over_the_healthy_steps_before(tmp_path, capsys):
+    """16 slow steps after 148 healthy ones: over the whole dump rank 1 was last at too few
+    collectives to stand out, and the bundle said "does not name them", exit 0."""
+    code, report, text_code, text = run(capsys, slow_after_healthy(tmp_path, 3, 148, 16))
+    [b] = report["bundles"]
+    assert (b["analysis_agrees"], b["unchecked"]) == (True, False), b
+    [f] = report["findings"]
+    assert (f["kind"], f["culprit_ranks"], f["collectives"]) == ("straggler", [1], 16), f
+    assert (code, text_code) == (1, 1)
+    assert "(straggler, kept before the kill); the analysis agrees\n" in text
+    assert "note: stragglers judged over the collectives enqueued since the monitor's finding began" in text
+
+
+def test_too_few_collectives_since_the_onset_is_unchecked_not_a_disagreement(tmp_path, capsys):
+    """The monitor's finding began 5 steps before the bundle: too few to time anyone."""
+    code, report, _, text = run(capsys, slow_after_healthy(tmp_path, 3, 148, 16, onset_before=5))
+    [b] = report["bundles"]
+    assert (b["analysis_agrees"], b["unchecked"], code) == (None, True, 0), b
+    assert "these dumps cannot check it: no other rank could be timed against rank(s) 1 over 10 or more " \
+           "collectives since the finding's onset\n" in text, text
+    assert "does not name" not in text
+
+
+def test_a_lag_naming_the_culprit_agrees_with_the_monitor(tmp_path, capsys):
+    """Two replica groups: rank 1 600 ms behind rank 0 at every step is a lag (no majority says
+    which of two is off pace), and was reported beside "the analysis does not name them"."""
+    job = FRJob(2, flavour="gloo", replica_group_size=1, hosts={0: "vm", 1: "vm"}, compute_ms=120.0, seed=1)
+    job.quorum(1, [0, 1])
+    for _ in range(30):
+        job.ft_collective(delay_ms={1: 600.0})
+    code, report, _, text = run(capsys, bundle(tmp_path / "lag", "straggler", [1], job.dumps()))
+    [lag] = report["lags"]
+    assert (report["findings"], lag["culprit_ranks"]) == ([], [1])
+    [b] = report["bundles"]
+    assert b["analysis_agrees"] is True and code == 0, b  # a lag is no finding: exit status 0
+    assert "; the analysis agrees\n" in text and "[lag] rank 1 behind rank 0" in text
+
+
+def cross_hang(ranks: int) -> FRJob:
+    """Rank 2 never enters torchft's collective seq 11 the others wait in."""
+    job = FRJob(ranks, flavour="gloo", replica_group_size=1, hosts=dict.fromkeys(range(ranks), "vm"))
+    job.quorum(1, list(range(ranks)))
+    for _ in range(10):
+        job.ft_collective()
+    job.ft_collective(absent=[2])
+    return job
+
+
+def test_a_hang_bundle_without_a_waiting_ranks_dump_is_unchecked(tmp_path, capsys):
+    """Only the culprit's dump came: nothing shows what the others wait in."""
+    job = cross_hang(3)
+    path = bundle(tmp_path / "hang", "hang", [2], job.dumps(ranks=[2]),
+                  {"ranks": [2], "evidence": {"waiting_ranks": [0, 1]}})
+    code, report, _, text = run(capsys, path)
+    [b] = report["bundles"]
+    assert (b["analysis_agrees"], b["unchecked"], code) == (None, True, 0), b
+    assert "these dumps cannot check it: no readable dump of any rank that waited for them (0, 1)\n" in text
+    # with them, the same bundle agrees
+    write_dumps(job.dumps(ranks=[0, 1]), Path(path) / "fr", fmt="json")
+    code, report, _, _ = run(capsys, path)
+    assert (report["bundles"][0]["analysis_agrees"], code) == (True, 1)
+
+
+def test_a_hang_bundle_cut_short_before_the_peers_dumps_is_unchecked_and_incomplete(tmp_path, capsys):
+    """``head -c 5000`` of a real bundle: the culprits' dumps only, then the archive breaks."""
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(NIGHTLY_HANG.read_bytes()[:5000])
+    code, report, text_code, text = run(capsys, str(cut))
+    [b] = report["bundles"]
+    assert (report["ranks"], b["culprit_ranks"]) == ([2, 3], [2, 3])
+    assert (b["analysis_agrees"], b["unchecked"]) == (None, True), b
+    assert (code, text_code) == (2, 2)
+    assert "does not name" not in text and text.endswith("no findings in the dumps read: incomplete input, "
+                                                         "not a healthy verdict\n"), text
+
+
+def test_a_truncated_dump_is_no_healthy_verdict(tmp_path, capsys):
+    """torch's gloo pickles of two ranks, rank 1 never issuing seq 6 and its dump cut short: the
+    hang is in the broken dump, and "no findings", exit 0, read as a healthy job."""
+    job = FRJob(2, flavour="gloo")
+    job.repeat(5, [("0", "all_reduce", [[16]])])
+    job.collective("0", "all_reduce", [[16]], absent=[1])
+    [_, rank1] = write_dumps(job.dumps(fmt="pickle"), tmp_path / "dumps", fmt="pickle")
+    rank1.write_bytes(rank1.read_bytes()[:900])
+    code, report, text_code, text = run(capsys, str(tmp_path / "dumps"))
+    assert (report["ranks"], report["findings"], [e["path"] for e in report["errors"]]) == ([0], [], [str(rank1)])
+    assert any(n.startswith("1 input(s) could not be read") for n in report["notes"]), report["notes"]
+    assert (code, text_code) == (2, 2)
+    assert text.endswith("no findings in the dumps read: incomplete input, not a healthy verdict\n"), text
+    # whole, the same dumps show the hang
+    write_dumps(job.dumps(ranks=[1], fmt="pickle"), tmp_path / "dumps", fmt="pickle")
+    assert main(["analyze", str(tmp_path / "dumps")]) == 1
