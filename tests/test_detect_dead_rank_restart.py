@@ -37,10 +37,12 @@ def restart(job: Job, down: list[int]) -> Detectors:
     return Detectors(DetectorConfig())
 
 
-def lived_then_restart(healed: int, manager_misses_first_poll: bool = False) -> list[tuple]:
+def lived_then_restart(healed: int, manager_misses_first_poll: bool = False,
+                       ends: bool = False) -> list[tuple]:
     """Rank 1 lives unreachable while group 0 commits 4 steps past it (its step ``healed``
     ahead of its commits: a heal or a checkpoint load moves the step alone); the monitor
-    restarts; another group's crash then holds rank 0 in the cross all_reduce."""
+    restarts; another group's crash then holds rank 0 in the cross all_reduce, or (``ends``)
+    rank 0 says it finished at the restarted monitor's first look, then exits."""
     job, det, now = slow_job()
     job.step += healed
 
@@ -61,6 +63,15 @@ def lived_then_restart(healed: int, manager_misses_first_poll: bool = False) -> 
         assert sweep(det, job, now) == []
     det = restart(job, [1])
     found = []
+    if ends:
+        job.states[0]["finished"] = True
+        now += 1.0
+        found += sweep(det, job, now)
+        job.down = {0, 1}
+        for _ in range(6):
+            now += 1.0
+            found += sweep(det, job, now)
+        return kinds(found)
     for i in range(6):
         now += 1.0
         job.down = {0, 1} if i == 0 and manager_misses_first_poll else {1}
@@ -81,6 +92,13 @@ def test_a_manager_missing_the_restarted_monitors_first_poll_changes_nothing():
     restart, is still judged by its last commits when the Manager answers (before: marked at
     the Manager's commits then, as if it had just gone down, and named)."""
     assert lived_then_restart(0, manager_misses_first_poll=True) == []
+
+
+def test_a_group_that_finishes_at_the_restarted_monitors_first_look_lost_no_rank():
+    """Rank 0's stop is read at the restarted monitor's first look: rank 1, down since before
+    the restart, lived (its group committed past it), so it ended with its group, not a crash
+    torchrun stopped its peer for (before: ``dead``, counted against its host)."""
+    assert lived_then_restart(0, ends=True) == []
 
 
 def test_a_rank_that_died_at_its_last_answer_is_found_by_its_own_commits_after_a_restart():

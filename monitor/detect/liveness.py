@@ -66,6 +66,14 @@ def _process(r: RankView) -> tuple:
 
 
 class Liveness:
+    def _mark(self, r: RankView, done: int) -> float:
+        """The commits ``r`` went down at: this run's mark, else, never heard by this run (its
+        state from --state: down since before it started, maybe long), the kept one (a group
+        that committed past it since lived), else ``done``."""
+        if r.url in self.down_at:
+            return self.down_at[r.url]
+        return _kept_mark(r.state, done) if r.answered_at is None and r.state else done
+
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
         self._last: dict[int, GroupView] = {}  # group -> its last view, kept while it is away
@@ -135,7 +143,7 @@ class Liveness:
                         and e.replica_id not in ended:
                     at = _commits(e.state)
                     ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures
-                                           and at <= self.down_at.get(r.url, at) + 1}
+                                           and at <= self._mark(r, at) + 1}
                     self._note_unheard(gv, e, full)
             if rid is not None:
                 # what was dead of an earlier incarnation is over (one found now, next sweep:
@@ -167,10 +175,7 @@ class Liveness:
                 done = max(_commits(m.state) for m in manager_up)
                 for r in gv.ranks:
                     if not r.reachable and r.url not in self.down_at:
-                        # never heard by this run (its state from --state): down since before
-                        # it started, maybe long; a group that committed past it since lived
-                        self.down_at[r.url] = _kept_mark(r.state, done) \
-                            if r.answered_at is None and r.state else done
+                        self.down_at[r.url] = self._mark(r, done)
                 down = [r for r in down if done <= self.down_at.get(r.url, done) + 1]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
