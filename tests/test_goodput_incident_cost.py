@@ -113,3 +113,26 @@ def test_metrics_count_a_tied_slice_at_once_behind_older_unexplained_slow_time()
     job.run(led, 70, pace=0.0)
     assert job.counted["stall"] == pytest.approx(job_json(led)["badput_seconds"]["stall"])
     check_counted(job, led)
+
+
+def test_a_manual_kill_stamped_inside_a_sweep_takes_none_of_that_sweeps_stall():
+    """Group 2 hangs, its finding held; an operator kills group 0 by hand while a sweep runs
+    (stamped after the sweep's time): that sweep's stall is still the hang's, not the kill's,
+    which had not happened yet."""
+    job, led = healthy_ledger(seconds=30)
+    onset = job.t
+    job.run(led, 3, pace=0.0)
+    job.finding("hang", 2, first_seen=onset + 0.1, confirmed_at=job.t, fid=1)
+    job.run(led, 3, pace=0.0)
+    job.evict(0, at=job.t + 1.5, did=7, fid=None, source="manual")
+    job.groups[0]["in"] = True  # the sweep saw it in the quorum still
+    job.sweep(led, pace=0.0)
+    job.groups[0]["in"] = False
+    job.evictions[-1]["status"] = "confirmed"
+    job.run(led, 3, pace=0.0)
+    out = led.to_json()
+    manual = next(i for i in out["incidents"] if i["kind"] == "manual")
+    before = [iv for iv in out["intervals"] if iv["incident"] == manual["id"]
+              and iv["end"] <= manual["onset_at"] - 1e-6]
+    assert before == [], before
+    check_counted(job, led)

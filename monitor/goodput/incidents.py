@@ -236,8 +236,9 @@ class Incidents(dict[int, Incident]):
     def unacted(self, t: float) -> list[Incident]:
         """Open incidents not acted on by ``t``: findings open, no eviction before ``t`` (the
         kill a sweep decides is stamped after its time: that sweep's slow time is still the
-        fault's, not yet a recovery)."""
-        return [i for i in self.open() if i.resolved_at is None
+        fault's, not yet a recovery); begun before ``t`` (a manual kill stamped after a sweep's
+        time explains none of it)."""
+        return [i for i in self.open() if i.resolved_at is None and i.onset_at < t
                 and (i.evicted_at is None or i.evicted_at >= t)]
 
     def explaining(self, drag: bool, t: float) -> Incident | None:

@@ -550,7 +550,8 @@ class GoodputLedger:
         cands = [i for i in self._open_incidents()
                  if (straggler is None or (i.kind in DRAG_KINDS if straggler
                                            else i.kind != "straggler"))
-                 and (i.evicted_at is None or i.evicted_at >= t) and i.resolved_at is None]
+                 and (i.evicted_at is None or i.evicted_at >= t) and i.resolved_at is None
+                 and i.onset_at < t]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
     def _group_incident(self, g: int | None) -> Incident | None:
