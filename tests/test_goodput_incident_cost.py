@@ -62,9 +62,12 @@ def test_a_fault_killed_in_the_sweep_it_struck_is_judged_from_its_onset():
     assert inc["cost"]["by_cause"]["straggler_drag"] == pytest.approx(3 * 0.3, abs=0.35)
 
 
-def test_a_closed_incidents_cost_stays_put_as_the_baseline_moves(tmp_path):
+@pytest.mark.parametrize("older", [False, True])
+def test_a_closed_incidents_cost_stays_put_as_the_baseline_moves(tmp_path, older):
     """Its group-steps are its replica-seconds over the baseline it closed with: a job that
-    settles at a slower pace afterwards, here after a monitor restart, does not rewrite them."""
+    settles at a slower pace afterwards, here after a monitor restart, does not rewrite them.
+    ``older``: the incident was closed by an older monitor, whose rows keep no such baseline:
+    its cost stays put from the restart on."""
     cfg = {"horizon_s": 10.0}
     job, led = healthy_ledger(seconds=30, **cfg)
     onset = job.t
@@ -87,8 +90,11 @@ def test_a_closed_incidents_cost_stays_put_as_the_baseline_moves(tmp_path):
     save(store, led)
     store.close()
     store = Store(path)  # a new monitor process, same --state
-    led = GoodputLedger.restore(GoodputConfig(**cfg), *store.load_goodput())
+    state, incidents, intervals = store.load_goodput()
     store.close()
+    for d in incidents if older else ():
+        d.pop("closed_step_s")
+    led = GoodputLedger.restore(GoodputConfig(**cfg), state, incidents, intervals)
     job.run(led, 120, pace=0.6)  # the job's new normal, adopted after the horizon
     assert led.baseline > 1.4 * STEP
     [after] = led.to_json()["incidents"]

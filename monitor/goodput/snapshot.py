@@ -181,6 +181,8 @@ class GoodputSnapshot:
         led.incidents.held = {int(i): float(until) for i, until in state.get("held", ())}
         for d in filter(lambda d: d["id"] >= led.first_incident, incidents):
             inc = Incident.from_store(d)
+            if not inc.open and inc.closed_step_s is None:  # closed by an older monitor
+                inc.closed_step_s = job.baseline  # its cost stays put from here on
             led.incidents[inc.id] = inc
             led.incidents.next_id = max(led.incidents.next_id, inc.id + 1)
         led.intervals.extend(Interval(**iv) for iv in intervals)
