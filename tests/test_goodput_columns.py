@@ -318,3 +318,58 @@ def test_a_count_too_large_to_be_one_is_ignored_not_raised():
         led.update(vb.update(targets, polls, now=T0 + i, polled=set(polls)), [], [], T0 + i)
         group = as_rows(led)["groups"]["0"]
         assert (group["commits"], group["gpus"]) == (10 + i, 2), huge
+
+
+class _Both:
+    """Both ledgers fed the same sweeps, checked equal after each; read as the columnar one."""
+
+    def __init__(self) -> None:
+        self.new, self.ref = GoodputLedger(), reference.GoodputLedger()
+
+    def update(self, view, findings, evictions, now):
+        a = self.new.update(view, [dict(f) for f in findings], [dict(d) for d in evictions], now)
+        b = self.ref.update(view, [dict(f) for f in findings], [dict(d) for d in evictions], now)
+        assert vars(a) == vars(b)
+        assert self.new.to_json() == self.ref.to_json()
+        assert as_rows(self.new) == as_rows(self.ref)
+        return a
+
+    def to_json(self, *args):
+        return self.new.to_json(*args)
+
+    def snapshot(self):
+        return self.new.snapshot()
+
+
+def test_groups_out_of_sight_and_a_fault_before_the_baseline_as_the_per_group_ledger():
+    """tests/test_goodput_unreached.py's scenarios through both ledgers: groups whose polls
+    fail while they commit, then answer again; one gone dark and found dead; a hang before the
+    baseline formed, evicted, its group never back."""
+    from tests.test_goodput_unreached import PolledJob
+
+    job, both = PolledJob(), _Both()
+    job.run(both, 20)
+    for g in (0, 2):
+        job.groups[g]["reach"] = False
+    job.run(both, 4)
+    for g in (0, 2):
+        job.groups[g]["reach"] = True
+    job.run(both, 3)
+    dark = job.t
+    job.groups[2].update(reach=False, **{"in": False})
+    job.run(both, 3)
+    job.finding("dead", 2, first_seen=dark, confirmed_at=job.t, fid=4)
+    job.run(both, 5)
+    assert both.to_json()["job"]["badput_seconds"]["capacity_lost"] > 0
+
+    job, both = PolledJob(), _Both()
+    job.run(both, 5)
+    onset = job.t
+    job.run(both, 3, pace=0.0)
+    job.finding("hang", 1, first_seen=onset, confirmed_at=job.t, fid=1)
+    job.sweep(both, pace=0.0)
+    job.evict(1, at=job.t, did=1, fid=1)
+    job.evictions[-1]["status"] = "confirmed"
+    job.run(both, 2, pace=0.0)
+    job.run(both, 20)
+    assert both.to_json()["baseline"]["step_seconds"] is not None
