@@ -211,12 +211,14 @@ class Job:
         self._stop.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=150)
-        if self.monitor is not None:
-            stop_process(self.monitor, grace=5)
         for spare in (sp for waiting in self.reserve.values() for sp in waiting):
             for proc in spare.group.processes():
                 stop_process(proc, grace=0.0)
-        self.cluster.stop()
+        try:
+            self.cluster.stop()  # before the monitor: a SIGTERMed rank waits for its next read
+        finally:
+            if self.monitor is not None:
+                stop_process(self.monitor, grace=5)
 
     # --- reading ---------------------------------------------------------------------
     def mon(self, path: str):

@@ -185,9 +185,11 @@ def test_no_password_or_token_is_shown(tmp_path):
                         shown[f"bundle {m.name}"] = tar.extractfile(m).read().decode()
         assert any(k.endswith("manifest.json") for k in shown), list(shown)
     finally:
-        for proc in procs:
-            stop_process(proc, grace=3.0)
-        cluster.stop()
+        try:
+            cluster.stop()  # before the monitors: a SIGTERMed rank waits for its next read
+        finally:
+            for proc in procs:
+                stop_process(proc, grace=3.0)
         if proxy is not None:
             proxy.server.shutdown()  # again: harmless
             proxy.server.server_close()
