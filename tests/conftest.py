@@ -42,18 +42,26 @@ def module_scope(nodeid: str) -> str:
     return "demo" if Path(module).name in DEMO_MODULES else module
 
 
-# The longest modules of the two parallel passes, longest first: they are handed out first, so
-# the workers end together (pytest-xdist's own order is by test count, which says little here).
+# The longest modules of the two parallel passes, longest first (their tests' summed time in
+# that pass): they are handed out first, so the workers end together (pytest-xdist's own order
+# is by test count, which says little here). A module with tests in both passes sits by its
+# end-to-end part; its in-process part then comes early in the first pass, where only
+# test_monitor_shard.py's is long (the first pass's longest).
 LONGEST_FIRST = (
     # end-to-end jobs (bin/test's second pass)
-    "test_trainer_ranks_e2e.py", "test_planned_maintenance_e2e.py", "test_trainer_launch.py",
-    "test_dashboards_live.py", "test_secrets_shown.py", "test_monitor_shard.py",
-    "test_rank_abort_e2e.py", "test_audit_quarantine_slurm.py", "test_torch_debug_server_e2e.py",
+    "test_trainer_ranks_e2e.py", "test_planned_maintenance_e2e.py", "test_dashboards_live.py",
+    "test_trainer_group_sizes.py", "test_audit_quarantine_slurm.py", "test_secrets_shown.py",
+    "test_trainer_launch.py", "test_torch_debug_server_e2e.py", "test_monitor_shard.py",
+    "test_rank_abort_e2e.py", "test_monitor_stuck_starting.py", "test_torchtitan.py",
+    "test_audit_time_monitor.py",
     # in-process (the first pass)
-    "test_monitor_fr_wait.py", "test_monitor_network.py", "test_monitor_fr_leaders_skip.py",
-    "test_monitor_poll_process.py", "test_monitor_trust.py", "test_audit_restart.py",
-    "test_monitor_poller.py", "test_audit_trainer.py", "test_monitor_api.py",
-    "test_audit_security.py")
+    "test_dashboards_promtool.py", "test_install_core.py", "test_monitor_network.py",
+    "test_monitor_api.py", "test_shard_decide.py", "test_bench_smoke.py",
+    "test_monitor_fr_wait.py", "test_monitor_poll_process.py", "test_audit_trainer.py",
+    "test_monitor_poller.py", "test_monitor_trust.py", "test_audit_restart.py",
+    "test_autostart_ddp.py", "test_audit_longrun.py", "test_analysis_torchft_gloo.py",
+    "test_audit_false_positives.py", "test_audit_security.py", "test_audit_fuzz_state.py",
+    "test_slurm_sink_jobs.py")
 _RANK = {name: i for i, name in enumerate(LONGEST_FIRST)}
 
 
@@ -85,6 +93,14 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return module_scope(nodeid)
+
+        def _reschedule(self, node) -> None:
+            # The next module only once the worker is down to the test it holds back (a worker
+            # runs a test once it knows the one after): pytest-xdist's own hands it out two
+            # tests early, binding a module to a worker that may still run a long test.
+            if self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
 
     return ModuleScheduling(config, log)
 
