@@ -73,16 +73,14 @@ class ModelJob:
             if s["in"]:
                 s["commits"] += n
                 s["joined"] = self.progress
-        acct = ledger.update(self.view(), self.findings, self.evictions, self.t)
+        acct = ledger.update(scratch_view(self.t, ranks=self.ranks()), self.findings,
+                             self.evictions, self.t)
         check_invariant(ledger)
         for c, v in acct.badput.items():
             self.counted[c] += v
         assert acct.goodput >= 0
         self.counted_goodput += acct.goodput
         return acct
-
-    def view(self):
-        return scratch_view(self.t, ranks=self.ranks())
 
     def run(self, ledger, seconds: float, pace: float = 1.0, dt: float = 1.0) -> None:
         for _ in range(int(round(seconds / dt))):

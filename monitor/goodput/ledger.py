@@ -38,8 +38,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.hist = History()
         self.judged = Judged()
         self.reader = CommitReader()
-        self.job = JobPace(self.cfg, lambda: [i for i in self.incidents.open()
-                                              if i.settled_pace is None])
+        self.job = JobPace(self.cfg)
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
         # the last that saw one with no killed incarnation in the quorum: the job went on
@@ -77,7 +76,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         if self.since is None and first is None:
             return acct  # no job seen yet: the ledger's clock has not started
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        blind = [r for r in self.runs if self._blind(r)]  # before the read: a group back sees it
         deltas = self.reader.read(view, in_quorum, self.slots, self.hist.next, now,
                                   self.last_at is None)
         self.hist.append(now, self.slots.cum, self.job.window)
@@ -103,7 +101,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
-            self._account(view, in_quorum, deltas, blind, job_moved, dt, now, acct)
+            self._account(in_quorum, deltas, job_moved, dt, now, acct)
         self.goodput_debt -= min(0.0, acct.goodput)
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
@@ -121,11 +119,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         for r in self.runs:
             if r.t1 <= inc.onset_at:
                 continue
-            if self._blind(r):  # a group out of sight: only its own fault explains its time
-                if r.groups[0] != inc.replica_group:
-                    continue
-                r.cause = "capacity_lost"
-            elif r.cause == PENDING and inc.kind == "straggler":
+            if r.cause == PENDING and inc.kind == "straggler":
                 r.cause = "straggler_drag"
             elif (r.cause == PENDING and r.idle) or (inc.kind != "straggler"
                                                       and self._provisional(r)):
@@ -202,12 +196,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
 
-    def _blind(self, r: Run) -> bool:
-        """Pending time of a group booked while it was out of the quorum (out of sight): its
-        commits settle it when it answers again."""
-        return r.cause == PENDING and len(r.slots) == 1 and r.groups[0] is not None \
-            and r.t0 >= self.slots.last_in_quorum_at[r.slots[0]] - 1e-9
-
     def _unsure(self, r: Run) -> bool:
         return r.cause == "recovery" and r.eviction_id in self.unsure_kills
 
@@ -228,9 +216,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             S.size_unseen()
         return inside, outside, e - len(inside) - len(outside)
 
-    def _account(self, view: ClusterView, in_quorum: set[int], deltas: np.ndarray,
-                 blind: list[Run], job_moved: bool, dt: float, now: float,
-                 acct: SweepAccount) -> None:
+    def _account(self, in_quorum: set[int], deltas: np.ndarray, job_moved: bool,
+                 dt: float, now: float, acct: SweepAccount) -> None:
         t0, b, S, incs = self.last_at, self.baseline, self.slots, self.incidents
         inside, outside, unseen = self._partition(in_quorum)
         acct.accounted = True
@@ -269,10 +256,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             earned = np.minimum(dt, held)
             at_pace = pace >= self.cfg.pace_threshold
             good = np.where(at_pace, dt, earned)
-            spare = held - earned
-            if blind:  # what a group back in sight committed out of it pays for that time
-                spare -= self._credit_blind(blind, inside, spare, acct)
-            S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, spare))
+            S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, held - earned))
             cum = S.cum[inside]
             self.judged.add(t0, now, len(S), inside, cum - d, cum, good - earned)
             self._add_good(inside, good, dt, acct)
@@ -301,34 +285,12 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                 cause = "startup"
             elif inc is None and recovering is not None:
                 cause, inc = "recovery", recovering  # a survivor between quorums
-            elif inc is None and g in view.groups and not view.groups[g].reachable:
-                cause = PENDING  # out of sight, not known to be out of the job
             else:
                 cause = "capacity_lost"
             self._book(self._run(t0, now, np.array([slot]), [dt], cause), inc, acct)
         self._book_unseen(unseen, t0, now, "startup" if startup else "capacity_lost", acct)
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
-
-    def _credit_blind(self, blind: list[Run], inside: np.ndarray, spare: np.ndarray,
-                      acct: SweepAccount) -> np.ndarray:
-        """Goodput of the commits beyond this sweep's (``spare`` seconds, per slot of ``inside``)
-        taken from the slot's pending time out of sight, oldest first; the seconds used."""
-        at = {s: i for i, s in enumerate(inside.tolist())}
-        used = np.zeros(len(inside))
-        paid = set()
-        for r in blind:
-            i = at.get(int(r.slots[0])) if r.cause == PENDING else None  # claimed meanwhile
-            x = 0.0 if i is None else min(r.seconds[0], float(spare[i] - used[i]))
-            if x > 0:
-                used[i] += x
-                r.seconds[0] -= x
-                self._add_good(r.slots, np.array([x]), 0.0, acct)
-                if r.seconds[0] <= 1e-9:
-                    paid.add(id(r))
-        if paid:
-            self.runs = [r for r in self.runs if id(r) not in paid]
-        return used
 
     def _end_recoveries(self, now: float) -> None:
         """A fault confirmed while the job recovers from an eviction ends that recovery at its
@@ -396,7 +358,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
     def _pending_to_stall(self, inc: Incident | None) -> None:
         for r in self.runs:
             if (r.cause == PENDING or self._provisional(r)) and self.last_commit_at is not None \
-                    and r.t0 >= self.last_commit_at - 1e-9 and not self._blind(r):
+                    and r.t0 >= self.last_commit_at - 1e-9:
                 r.cause = "stall"
                 _link(r, inc)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
 
 from .model import JOB_RESTART_STEPS, GoodputConfig, Incident
 
@@ -41,13 +40,11 @@ class JobPace:
     """The baseline: the rolling median of the job's mean step time, sampled only on healthy sweeps
     (a fault must not move the norm it is measured by)."""
 
-    def __init__(self, cfg: GoodputConfig, faults: Callable[[], list[Incident]] = list) -> None:
+    def __init__(self, cfg: GoodputConfig) -> None:
         self.cfg = cfg
-        self.faults = faults  # the open incidents not settled
         self.step: int | None = None  # the newest step of a group in the quorum
         self.history: deque = deque()  # (t, job step) over the window
         self.samples: deque = deque(maxlen=cfg.baseline_samples)
-        self.taken: deque = deque(maxlen=cfg.baseline_samples)  # when (the newest samples')
         self.baseline: float | None = None
         self.slow_since: float | None = None  # below pace, unexplained, since
         self.ratio: float | None = None
@@ -104,8 +101,7 @@ class JobPace:
     def frozen(self, now: float, incident: int | None) -> str | None:
         """Why the baseline takes no samples now (None: it does); ``incident``: the newest open
         one not settled."""
-        held = self._held(now)
-        if held or (held is None and incident is not None and self.baseline is not None):
+        if incident is not None and self.baseline is not None:
             return f"incident {incident} open"
         # a young baseline (a quarter of its samples) follows a job that warms up, slow or not
         if len(self.samples) >= self.cfg.baseline_samples // 4 and self.slow_since is not None \
@@ -113,28 +109,8 @@ class JobPace:
             return "unexplained slowness, waiting for an explanation"
         return None
 
-    def _held(self, now: float) -> bool | None:
-        """Whether a young baseline (or none yet) is held by an open incident (None: not young,
-        or none open): from the incident's onset until the job went on after it was acted on (a
-        window beginning after the action, with a commit in its first sweep), for the horizon
-        at most, so that it is not frozen for ever."""
-        faults = self.faults()
-        if not faults or len(self.samples) >= self.cfg.baseline_samples // 4:
-            return None
-        hist = self.history
-        (t0, s0), (_, s1) = (hist[0], hist[1]) if len(hist) >= 2 else ((now, 0), (now, 0))
-        for i in faults:
-            acted = i.evicted_at if i.evicted_at is not None else i.resolved_at
-            if now - i.onset_at < self.horizon and (acted is None or t0 < acted or s1 == s0):
-                return True
-        return False
-
     def sample(self, now: float, incident: int | None) -> None:
         hist = self.history
-        if len(self.samples) < self.cfg.baseline_samples // 4:
-            for inc in self.faults():  # its samples taken before it was confirmed
-                if now - inc.onset_at < self.horizon:
-                    self._drop(inc.onset_at, inc.detected_at)
         if len(hist) < 2 or self.frozen(now, incident):
             return
         span = hist[-1][0] - hist[0][0]
@@ -142,26 +118,7 @@ class JobPace:
         if steps < 3 or span < 0.9 * self.window:
             return
         self.samples.append(span / steps)
-        self.taken.append(now)
         if len(self.samples) >= self.cfg.baseline_min_samples:
-            self.baseline = statistics.median(self.samples)
-
-    def _drop(self, lo: float, hi: float) -> None:
-        """Drop the samples taken in (lo, hi]; a baseline formed is the median of the rest."""
-        n = len(self.taken)
-        if not n or self.taken[-1] <= lo:
-            return
-        values = list(self.samples)
-        old = values[:len(values) - n]  # restored from a snapshot: when is not known
-        kept = [(t, v) for t, v in zip(self.taken, values[-n:], strict=True)
-                if not lo < t <= hi]
-        if len(kept) == n:
-            return
-        self.samples.clear()
-        self.samples.extend(old + [v for _, v in kept])
-        self.taken.clear()
-        self.taken.extend(t for t, _ in kept)
-        if self.baseline is not None and self.samples:
             self.baseline = statistics.median(self.samples)
 
     def track_steady(self, now: float, waiting: list[Incident], open_findings: int
@@ -190,7 +147,6 @@ class JobPace:
         level = 1 / mean
         self.baseline = level
         self.samples.clear()
-        self.taken.clear()
         self.samples.extend([level] * self.cfg.baseline_min_samples)
         self.slow_since = None
         self.steady = None

@@ -157,7 +157,6 @@ class GoodputLedger:
         self.job_history: deque = deque()  # (t, job step)
         self.job_rids: set[str] | None = None  # the in-quorum incarnations at job_step
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
-        self.sampled_at: deque = deque(maxlen=self.cfg.baseline_samples)  # the newest's times
         self.baseline: float | None = None
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
@@ -218,7 +217,6 @@ class GoodputLedger:
         if self.since is None and first is None:
             return acct  # no job seen yet: the ledger's clock has not started
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        blind = [s for s in self.unsettled if self._blind(s)]  # before a group back is read
         deltas = self._ingest_groups(view, in_quorum, now)
         self._ingest_findings(view, findings, now)
         self._ingest_evictions(evictions, now)
@@ -240,7 +238,7 @@ class GoodputLedger:
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
-            self._account(view, in_quorum, deltas, blind, job_moved, dt, now, acct)
+            self._account(in_quorum, deltas, job_moved, dt, now, acct)
         # the counter never decreases: goodput taken back is paid from this sweep's first
         self.goodput_debt -= min(0.0, acct.goodput)
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
@@ -506,11 +504,7 @@ class GoodputLedger:
         for s in self.unsettled:
             if s.t1 <= inc.onset_at:
                 continue
-            if self._blind(s):  # a group out of sight: its own fault's capacity lost, or none
-                if s.replica_group != inc.replica_group:
-                    continue
-                s.cause = "capacity_lost"
-            elif s.cause == PENDING and inc.kind == "straggler":
+            if s.cause == PENDING and inc.kind == "straggler":
                 s.cause = "straggler_drag"
             elif (s.cause == PENDING and s.idle) or (inc.kind != "straggler"
                                                       and self._provisional(s)):
@@ -532,12 +526,6 @@ class GoodputLedger:
         inc = self.incidents.get(s.incident) if s.incident is not None else None
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < s.t1 - 1e-9)
-
-    def _blind(self, s: Slice) -> bool:
-        """Pending time booked while its group was out of the quorum, out of sight."""
-        grp = self.groups.get(s.replica_group) if s.replica_group is not None else None
-        return s.cause == PENDING and grp is not None and grp.last_in_quorum_at is not None \
-            and s.t0 >= grp.last_in_quorum_at - 1e-9
 
     def _link(self, s: Slice, inc: Incident | None) -> None:
         if inc is None:
@@ -589,9 +577,8 @@ class GoodputLedger:
         sizes = [g.gpus for g in self.groups.values() if g.gpus]
         return max(set(sizes), key=sizes.count) if sizes else None
 
-    def _account(self, view: ClusterView, in_quorum: set[int], deltas: dict[int, int],
-                 blind: list[Slice], job_moved: bool, dt: float, now: float,
-                 acct: SweepAccount) -> None:
+    def _account(self, in_quorum: set[int], deltas: dict[int, int], job_moved: bool,
+                 dt: float, now: float, acct: SweepAccount) -> None:
         t0, b = self.last_at, self.baseline
         inside, outside, unseen = self._slots(in_quorum)
         acct.accounted, acct.expected_groups = True, self.expected_groups
@@ -624,21 +611,6 @@ class GoodputLedger:
             self._pending_to_stall(stall_cause)
         slow = False
         window = self.window if cut is None else min(self.window, now - cut)
-        # a group back in sight: its commits beyond this sweep pay for its time out of sight,
-        # oldest first (every group's before any group's goodput of the sweep)
-        used: dict[int, float] = {}
-        for s in blind if not startup else ():
-            g = s.replica_group
-            if g not in in_quorum or s.cause != PENDING:
-                continue
-            held = deltas.get(g, 0) * b + self.groups[g].carry
-            x = min(s.seconds, held - min(dt, held) - used.get(g, 0.0))
-            if x > 0:
-                used[g] = used.get(g, 0.0) + x
-                s.seconds -= x
-                self._add(g, x, 0.0, acct)
-        paid = {id(s) for s in blind if s.seconds <= 1e-9}
-        self.unsettled = [s for s in self.unsettled if id(s) not in paid]
         for g in inside:
             grp = self.groups[g]
             if startup:
@@ -651,7 +623,7 @@ class GoodputLedger:
             if pace is not None and pace >= self.cfg.pace_threshold:
                 good, grp.carry = dt, 0.0  # at healthy pace over the window: the whole interval
             else:
-                good, grp.carry = earned, min(b, held - earned - used.get(g, 0.0))
+                good, grp.carry = earned, min(b, held - earned)
             grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, good - earned])
             self._add(g, good, dt, acct)
             rest = dt - good
@@ -678,8 +650,6 @@ class GoodputLedger:
                 cause = "startup"
             elif inc is None and recovering is not None:
                 cause, inc = "recovery", recovering  # a survivor between quorums
-            elif inc is None and g in view.groups and not view.groups[g].reachable:
-                cause = PENDING  # out of sight: settled by its commits when it answers
             else:
                 cause = "capacity_lost"
             self._badput(t0, now, g, cause, dt, self.groups[g].gpus, inc, acct)
@@ -753,7 +723,7 @@ class GoodputLedger:
         """Pending slow time since the last commit was the stall's beginning."""
         for s in self.unsettled:
             if (s.cause == PENDING or self._provisional(s)) and self.last_commit_at is not None \
-                    and s.t0 >= self.last_commit_at - 1e-9 and not self._blind(s):
+                    and s.t0 >= self.last_commit_at - 1e-9:
                 s.cause = "stall"
                 self._link(s, inc)
 
@@ -867,7 +837,6 @@ class GoodputLedger:
         level = 1 / mean
         self.baseline = level
         self.baseline_samples.clear()
-        self.sampled_at.clear()
         self.baseline_samples.extend([level] * self.cfg.baseline_min_samples)
         self.slow_since = None
         self.steady = None
@@ -891,39 +860,8 @@ class GoodputLedger:
                            if hist[i][0] > after and hist[i][1] > hist[i - 1][1]), start[0])
         return max(start[0], first_move)
 
-    def _young_held(self, now: float) -> bool | None:
-        """A young baseline (or none yet) and an open incident: held from its onset until a
-        window begins after its eviction or clearing with a commit in its first sweep, for the
-        horizon at most; None: not young, or no incident open."""
-        opened = [i for i in self._open_incidents() if i.settled_pace is None]
-        if not opened or len(self.baseline_samples) >= self.cfg.baseline_samples // 4:
-            return None
-        hist = self.job_history
-        (t0, s0), (_, s1) = (hist[0], hist[1]) if len(hist) >= 2 else ((now, 0), (now, 0))
-        for i in opened:
-            acted = i.evicted_at if i.evicted_at is not None else i.resolved_at
-            if now - i.onset_at < self.horizon and (acted is None or t0 < acted or s1 == s0):
-                return True
-        return False
-
     def _sample_baseline(self, now: float) -> None:
         """One sample (the job's mean step time over the trailing window) per healthy sweep."""
-        if len(self.baseline_samples) < self.cfg.baseline_samples // 4:
-            # a young baseline drops the samples an incident's sweeps gave before it was found
-            for i in self._open_incidents():
-                if i.settled_pace is None and now - i.onset_at < self.horizon:
-                    times = list(self.sampled_at)
-                    keep = [not i.onset_at < t <= i.detected_at for t in times]
-                    if not all(keep):
-                        values = list(self.baseline_samples)
-                        old = values[:len(values) - len(times)]
-                        self.baseline_samples.clear()
-                        self.baseline_samples.extend(old + list(compress(
-                            values[len(old):], keep)))
-                        self.sampled_at.clear()
-                        self.sampled_at.extend(compress(times, keep))
-                        if self.baseline is not None and self.baseline_samples:
-                            self.baseline = statistics.median(self.baseline_samples)
         hist = self.job_history
         if len(hist) < 2:
             return
@@ -931,15 +869,13 @@ class GoodputLedger:
         steps = hist[-1][1] - hist[0][1]
         if steps < 3 or span < 0.9 * self.window:
             return  # too few steps, or not a whole window yet
-        held = self._young_held(now)
-        if held or (held is None and self.baseline is not None and any(
-                i.open and i.settled_pace is None for i in self.incidents.values())):
+        if self.baseline is not None and any(i.open and i.settled_pace is None
+                                             for i in self.incidents.values()):
             return  # frozen: an incident is open (its own slowness must not become the norm)
         young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
         if not young and self.slow_since is not None and now - self.slow_since < self.horizon:
             return  # frozen: unexplained slowness, still waiting for an explanation
         self.baseline_samples.append(span / steps)
-        self.sampled_at.append(now)
         if len(self.baseline_samples) >= self.cfg.baseline_min_samples:
             self.baseline = statistics.median(self.baseline_samples)
 
@@ -1143,8 +1079,7 @@ class GoodputLedger:
     def baseline_frozen(self) -> str | None:
         """Why the baseline takes no samples now (None: it does)."""
         opened = [i.id for i in self._open_incidents() if i.settled_pace is None]
-        held = self._young_held(self.last_at) if self.last_at is not None else None
-        if held or (held is None and opened and self.baseline is not None):
+        if opened and self.baseline is not None:
             return f"incident {opened[-1]} open"
         young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
         if not young and self.slow_since is not None and self.last_at is not None \
