@@ -23,7 +23,7 @@ from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
-from tests.test_liveness_unverified_crash import STOPPED, TOKEN
+from tests.test_liveness_unverified_crash import STOPPED, TOKEN, register
 
 
 @pytest.fixture
@@ -55,12 +55,7 @@ def live(tmp_path, job: SimJob, training: set[int], **rails) -> tuple[Monitor, C
 
     try:
         wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
-        for r in job.sim.ranks:
-            res = requests.post(mon.url + "/v1/targets", timeout=10,
-                                headers={"Authorization": f"Bearer {TOKEN}"},
-                                json={"url": r.url, "job": "sim", "rank": r.state["rank"],
-                                      "replica_group": r.state["replica_group"]})
-            assert res.status_code == 200, res.text
+        register(mon, job.sim.ranks)
     except BaseException:
         mon.stop()
         raise

@@ -25,6 +25,16 @@ TOKEN = "reg"
 STOPPED = {"finished": True, "stopped_by": "SIGTERM", "phase": "stopped"}
 
 
+def register(mon: Monitor, ranks, **target) -> None:
+    """Register ``ranks`` with the monitor as their WorkerServers do (``target``: one more row)."""
+    rows = [{"url": r.url, "job": "sim", "rank": r.state["rank"],
+             "replica_group": r.state["replica_group"]} for r in ranks]
+    for body in rows + ([{"job": "sim", **target}] if target else []):
+        res = requests.post(mon.url + "/v1/targets", timeout=10,
+                            headers={"Authorization": f"Bearer {TOKEN}"}, json=body)
+        assert res.status_code == 200, res.text
+
+
 @pytest.fixture
 def job():
     j = SimJob(2, ranks_per_group=2, heartbeat_timeout_ms=1000, join_timeout_ms=1000)
@@ -67,18 +77,9 @@ def test_a_rank_crashed_before_it_was_verified_is_dead_when_its_peer_says_it_sto
 
     try:
         wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
-        for r in [] if listed else job.sim.ranks:
-            res = requests.post(mon.url + "/v1/targets", timeout=10,
-                                headers={"Authorization": f"Bearer {TOKEN}"},
-                                json={"url": r.url, "job": "sim", "rank": r.state["rank"],
-                                      "replica_group": r.state["replica_group"]})
-            assert res.status_code == 200, res.text
+        register(mon, [] if listed else job.sim.ranks)
         if stop == "ghost":  # and a rank of group 1 that never answered a poll: no state
-            res = requests.post(mon.url + "/v1/targets", timeout=10,
-                                headers={"Authorization": f"Bearer {TOKEN}"},
-                                json={"url": "http://127.0.0.1:1", "job": "sim", "rank": 5,
-                                      "replica_group": 1})
-            assert res.status_code == 200, res.text
+            register(mon, [], url="http://127.0.0.1:1", rank=5, replica_group=1)
         sweep()
         sweep()
         verdicts = {r["rank"]: r["verification"]["reason"] for r in get("/v1/ranks")
@@ -130,12 +131,7 @@ def test_a_crashed_rank_whose_peer_said_it_stopped_is_dead_of_a_group_of_its_siz
     mon = Monitor(cfg).start()
     try:
         wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
-        for r in job.sim.ranks:
-            res = requests.post(mon.url + "/v1/targets", timeout=10,
-                                headers={"Authorization": f"Bearer {TOKEN}"},
-                                json={"url": r.url, "job": "sim", "rank": r.state["rank"],
-                                      "replica_group": r.state["replica_group"]})
-            assert res.status_code == 200, res.text
+        register(mon, job.sim.ranks)
         mon.sweep_once()
         job.alive.discard(1)
         peer.set_mode("down")

@@ -66,14 +66,6 @@ def _process(r: RankView) -> tuple:
 
 
 class Liveness:
-    def _mark(self, r: RankView, done: int) -> float:
-        """The commits ``r`` went down at: this run's mark, else, never heard by this run (its
-        state from --state: down since before it started, maybe long), the kept one (a group
-        that committed past it since lived), else ``done``."""
-        if r.url in self.down_at:
-            return self.down_at[r.url]
-        return _kept_mark(r.state, done) if r.answered_at is None and r.state else done
-
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
         self._last: dict[int, GroupView] = {}  # group -> its last view, kept while it is away
@@ -97,6 +89,14 @@ class Liveness:
         # quorum, when a rank of it last answered]: it outlives a process (torchft gives each a
         # new replica id, and its rank is down between two), so a crash loop keeps its clock
         self._lh_read = False  # a Lighthouse status was read once (None since: a failed read)
+
+    def _mark(self, r: RankView, done: int) -> float:
+        """The commits ``r`` went down at: this run's mark, else, never heard by this run (its
+        state from --state: down since before it started, maybe long), the kept one (a group
+        that committed past it since lived), else ``done``."""
+        if r.url in self.down_at:
+            return self.down_at[r.url]
+        return _kept_mark(r.state, done) if r.answered_at is None and r.state else done
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = (),
              full: ClusterView | None = None) -> list[Finding]:
