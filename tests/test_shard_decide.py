@@ -388,6 +388,17 @@ def test_a_shard_cut_off_from_a_group_heard_under_a_new_id_stays_blind(tmp_path,
         sim.stop()
 
 
+def _hold_a_proposal(mon, leader, lighthouse, rid: str) -> None:
+    """Group 3's mismatch proposed; the leader holds it (min replicas)."""
+    for _ in range(2):
+        mon.sweep_once()
+    _open_mismatch(mon, 3, rid)
+    mon.sweep_once()
+    assert leader.election.campaign()
+    leader._lead_once()
+    assert lighthouse.kills == []
+
+
 def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_path, etcd_url):
     """The leader holds group 3's proposal (min replicas), then group 3 goes out of sight; the
     shard's sweeps stall past its lease's TTL. Its first report back (a new lease: not acting
@@ -400,13 +411,7 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
     lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
     leader = _leader(mon, lighthouse)
     try:
-        for _ in range(2):
-            mon.sweep_once()
-        _open_mismatch(mon, 3, rid)
-        mon.sweep_once()
-        assert leader.election.campaign()
-        leader._lead_once()
-        assert lighthouse.kills == []
+        _hold_a_proposal(mon, leader, lighthouse, rid)
         for r in sim.group(3):
             r.set_mode("down")
         mon.sweep_once()
@@ -450,13 +455,7 @@ def test_a_finding_resolved_across_a_lapse_is_no_kill(tmp_path, etcd_url, monkey
         return keep_bundle(*a)
 
     try:
-        for _ in range(2):
-            mon.sweep_once()
-        _open_mismatch(mon, 3, rid)
-        mon.sweep_once()
-        assert leader.election.campaign()
-        leader._lead_once()
-        assert lighthouse.kills == []
+        _hold_a_proposal(mon, leader, lighthouse, rid)
         # the sweep's detectors resolve it (as mismatch.py does when the culprit goes)
         mon.detectors.findings.resolve(mon.detectors.open_findings()[0].key, "no_longer_seen",
                                        mon.clock())
