@@ -6,6 +6,8 @@ model job of tests/test_goodput.py."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from monitor.goodput import GoodputConfig, GoodputLedger
@@ -86,17 +88,28 @@ def test_a_closed_incidents_cost_stays_put_as_the_baseline_moves(tmp_path, older
     assert cost["group_steps"] == pytest.approx(cost["replica_seconds"] / STEP, rel=0.05)
 
     path = str(tmp_path / "monitor.sqlite")
-    store = Store(path)
-    save(store, led)
-    store.close()
-    store = Store(path)  # a new monitor process, same --state
-    state, incidents, intervals = store.load_goodput()
-    store.close()
-    for d in incidents if older else ():
-        d.pop("closed_step_s")
-    led = GoodputLedger.restore(GoodputConfig(**cfg), state, incidents, intervals)
+
+    def restart(led: GoodputLedger) -> GoodputLedger:  # a new monitor process, same --state
+        store = Store(path)
+        save(store, led)
+        store.close()
+        if older:  # the row as an older monitor wrote it, once
+            with sqlite3.connect(path) as con:
+                con.execute("UPDATE goodput_incidents SET data = "
+                            "json_remove(data, '$.closed_step_s')")
+            con.close()
+        store = Store(path)
+        state, incidents, intervals = store.load_goodput()
+        store.close()
+        return GoodputLedger.restore(GoodputConfig(**cfg), state, incidents, intervals)
+
+    led = restart(led)
+    older = False
     job.run(led, 120, pace=0.6)  # the job's new normal, adopted after the horizon
     assert led.baseline > 1.4 * STEP
+    [after] = led.to_json()["incidents"]
+    assert after["cost"] == cost
+    led = restart(led)  # what the upgraded monitor saved holds it too
     [after] = led.to_json()["incidents"]
     assert after["cost"] == cost
 

@@ -183,6 +183,7 @@ class GoodputSnapshot:
             inc = Incident.from_store(d)
             if not inc.open and inc.closed_step_s is None:  # closed by an older monitor
                 inc.closed_step_s = job.baseline  # its cost stays put from here on
+                led.incidents.dirty.add(inc.id)  # and across the next restart
             led.incidents[inc.id] = inc
             led.incidents.next_id = max(led.incidents.next_id, inc.id + 1)
         led.intervals.extend(Interval(**iv) for iv in intervals)
