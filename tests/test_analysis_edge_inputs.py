@@ -4,6 +4,7 @@ NCCL dumps without TORCH_NCCL_ENABLE_TIMING, and folders this user may not list.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,41 @@ def test_load_paths_reports_a_folder_it_cannot_list(unlistable, tmp_path):
     loaded = load_paths([folder], jobs=1)
     assert loaded.traces == {}
     assert loaded.errors == [{"path": str(folder), "error": "cannot read it: Permission denied"}]
+
+
+def hides_no_rank(folder: Path) -> None:
+    (folder / "config.json").write_text('{"lr": 0.1}')
+    (folder / "old.tar.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(20))
+    (folder / "rank1.log").write_text("step 3\n")
+
+
+def may_hide_rank_2(folder: Path) -> None:
+    (folder / "rank2").write_bytes(b"")  # digits naming a rank not read
+
+
+def may_hide_a_pickle(folder: Path) -> None:
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    (folder / "dump.bak").write_bytes(pickle.dumps(job.dumps()[2])[:200])  # a dump cut short
+
+
+def may_hide_a_json_dump(folder: Path) -> None:
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    (folder / "latest.json").write_text(json.dumps({k: v for k, v in job.dumps()[2].items() if k != "rank"}))
+
+
+@pytest.mark.parametrize("beside, code", [(hides_no_rank, 0), (may_hide_rank_2, 2), (may_hide_a_pickle, 2),
+                                          (may_hide_a_json_dump, 2)])
+def test_an_unreadable_file_is_incomplete_input_only_where_it_may_hide_a_rank(beside, code, tmp_path, capsys):
+    """A stray config.json or old archive beside every rank's dump exited 2, "incomplete input":
+    only a file whose name's digits name a rank not read, or that began as a dump, may hide one."""
+    folder = small_job_dir(tmp_path / "dumps")
+    beside(folder)
+    assert main(["analyze", "--format", "json", str(folder)]) == code
+    report = json.loads(capsys.readouterr().out)
+    stray = sorted(p.name for p in folder.iterdir() if not p.name.startswith("rank0") and p.name != "rank1.json")
+    assert (report["ranks"], sorted(Path(e["path"]).name for e in report["errors"])) == ([0, 1], stray)
+    assert main(["analyze", str(folder)]) == code
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == ("no findings" if code == 0 else "no findings in the dumps read: incomplete input, not a healthy verdict")

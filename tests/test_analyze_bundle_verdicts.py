@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from lightkeeper.cli import main
 from monitor.analysis.bundle import FORMAT
 from tests.support.frgen import FRJob, write_dumps
@@ -15,12 +17,14 @@ from tests.support.frgen import FRJob, write_dumps
 NIGHTLY_HANG = Path(__file__).parent / "data" / "nightly_cross_hang_bundle.tar.gz"
 
 
-def bundle(folder: Path, kind: str, culprits: list[int], dumps: dict, finding: dict | None = None) -> str:
-    """An unpacked bundle of the monitor's ``kind`` finding naming ``culprits``."""
+def bundle(folder: Path, kind: str, culprits: list[int], dumps: dict, finding: dict | None = None,
+           ranks: list[dict] | None = None, left_out: list[dict] | None = None) -> str:
+    """An unpacked bundle of the monitor's ``kind`` finding naming ``culprits``; ``ranks``: the
+    manifest's rows of the ranks asked, ``left_out``: what the size cap left out."""
     write_dumps(dumps, folder / "fr", fmt="json")
     (folder / "manifest.json").write_text(json.dumps({
         "format": FORMAT, "id": folder.name, "trigger": "evict", "kind": kind, "replica_group": 1,
-        "culprit_ranks": culprits, "ranks": [], "left_out": []}))
+        "culprit_ranks": culprits, "ranks": ranks or [], "left_out": left_out or []}))
     if finding is not None:
         (folder / "findings.json").write_text(json.dumps({"finding": {"kind": kind, **finding}}))
     return str(folder)
@@ -145,3 +149,51 @@ def test_a_truncated_dump_is_no_healthy_verdict(tmp_path, capsys):
     # whole, the same dumps show the hang
     write_dumps(job.dumps(ranks=[1], fmt="pickle"), tmp_path / "dumps", fmt="pickle")
     assert main(["analyze", str(tmp_path / "dumps")]) == 1
+
+
+def healthy_nccl(ranks: int, steps: int = 30) -> FRJob:
+    job = FRJob(ranks, flavour="nccl", seed=2)
+    job.repeat(steps, [("0", "all_reduce", [[1024]])])
+    return job
+
+
+@pytest.mark.parametrize("kind", ["hang", "mismatch", "straggler", "left out"])
+def test_a_bundle_listing_dumps_that_did_not_come_is_incomplete(kind, tmp_path, capsys):
+    """Only the culprit's dump came, its peers' downloads timed out (or the size cap left one
+    out): nothing found in one dump read as a healthy "no findings", exit 0."""
+    timed_out = [{"rank": r, "fr_trace": "timeout", "stacks": "ok"} for r in (0, 2)]
+    rows, left = (timed_out, []) if kind != "left out" else \
+        ([], [{"what": "fr/rank0.json", "bytes": 9000, "why": "over --bundle-max-bytes 8000"}])
+    path = bundle(tmp_path / "b", "hang" if kind == "left out" else kind, [1], healthy_nccl(3).dumps(ranks=[1]),
+                  {"ranks": [1]}, rows, left)
+    code, report, text_code, text = run(capsys, path)
+    assert (report["ranks"], report["findings"], code, text_code) == ([1], [], 2, 2), report["notes"]
+    n = len(rows or left)
+    assert any(x.startswith(f"{n} input(s) could not be read") for x in report["notes"]), report["notes"]
+    assert text.endswith("no findings in the dumps read: incomplete input, not a healthy verdict\n"), text
+    # a kind no dump shows is judged on the monitor's evidence: the dumps missed change nothing
+    path = bundle(tmp_path / "n", "network", [1], healthy_nccl(3).dumps(ranks=[1]), {"ranks": [1]}, rows, left)
+    assert main(["analyze", path]) == 0
+
+
+def test_a_mismatch_bundle_of_the_named_rank_alone_is_unchecked(tmp_path, capsys):
+    """No peer's dump to compare the named rank's with: it read "the analysis does not name them"."""
+    path = bundle(tmp_path / "m", "mismatch", [1], healthy_nccl(3).dumps(ranks=[1]), {"ranks": [1]})
+    code, report, _, text = run(capsys, path)
+    [b] = report["bundles"]
+    assert (b["analysis_agrees"], b["unchecked"], code) == (None, True, 0), b
+    assert "these dumps cannot check it: no other rank's dump to compare rank(s) 1 with\n" in text, text
+    assert "does not name" not in text
+
+
+def test_a_quorum_level_hang_is_unchecked_by_the_dumps(tmp_path, capsys):
+    """Rank 3 never asked for the quorum: every dump whole and no collective pending, so no
+    dump shows it, and every dump read said "the analysis does not name them"."""
+    path = bundle(tmp_path / "q", "hang", [3], healthy_nccl(4).dumps(),
+                  {"ranks": [3], "evidence": {"level": "quorum", "never_arrived": [3], "waiting_ranks": [0, 1, 2]}})
+    code, report, _, text = run(capsys, path)
+    [b] = report["bundles"]
+    assert (b["analysis_agrees"], b["unchecked"], report["findings"], code) == (None, True, [], 0), b
+    assert "these dumps cannot check it: rank(s) 3 never asked for the quorum: no collective is pending, " \
+           "which a dump could show\n" in text, text
+    assert "does not name" not in text

@@ -179,7 +179,8 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
     straggler some ``lags`` entry's; None when none are named, no dump was ``analyzed``, the kind
     does not show in a dump (``flight_recorder_shows``), or the dumps cannot check it
     (``unchecked``, ``unchecked_why``): a named rank's dump not ``read``, none of a hang's waiting
-    ranks' either, or a named straggler not ``compared`` with a peer over enough collectives."""
+    ranks' either, a mismatch with no other rank's dump, a quorum-level hang (nothing pending), or a
+    named straggler not ``compared`` with a peer over enough collectives."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
     kind = manifest.get("kind")
@@ -220,7 +221,11 @@ def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, comp
     spans = ", ".join(map(str, named))
     if read is not None and not set(named) <= read:
         return f"no readable dump of rank(s) {', '.join(str(r) for r in named if r not in read)}"
+    if kind == "mismatch" and read is not None and read <= set(named):  # nothing to compare with
+        return f"no other rank's dump to compare rank(s) {spans} with"
     ev = (finding or {}).get("evidence")
+    if kind == "hang" and isinstance(ev, dict) and ev.get("level") == "quorum":  # nothing pending
+        return f"rank(s) {spans} never asked for the quorum: no collective is pending, which a dump could show"
     waited = ev.get("waiting_ranks") if isinstance(ev, dict) else None
     if kind == "hang" and read is not None and isinstance(waited, list) and waited \
             and not set(waited) & read:  # those the hang shows in: a cut download has the culprit's
@@ -230,6 +235,14 @@ def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, comp
         return f"no other rank could be timed against rank(s) {spans}" + (
             f" over {StragglerConfig.min_collectives} or more collectives since the finding's onset" if since else "")
     return None
+
+
+def not_come(manifest: dict[str, Any]) -> list[int | None]:
+    """The ranks whose dump the manifest lists as not come: its ``fr_trace`` failed (a timeout,
+    gone), or left out over the size cap."""
+    out = [r.get("rank") for r in manifest.get("ranks") or [] if r.get("fr_trace") != "ok"]
+    return out + [int(m.group(1)) for x in manifest.get("left_out") or []
+                  if (m := re.fullmatch(rf"{FR_DIR}/rank(\d+)\.json", str(x.get("what"))))]
 
 
 def _named(finding: dict[str, Any]) -> list[int]:

@@ -20,10 +20,12 @@ from http_serving import printable
 
 from .bundle import (
     FR_DIR,
+    FR_KINDS,
     BundleError,
     OpenedBundle,
     is_bundle,
     monitor_verdict,
+    not_come,
     onset_ns,
     open_bundle,
 )
@@ -71,6 +73,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                   f"given with {len(args.paths) - 1} other PATH(s)", file=sys.stderr)
             return 2
         loaded = load_paths(inputs.paths, jobs=args.jobs, prefix=args.prefix)
+        # judged while a bundle's dumps are still unpacked
+        inputs.read_anyway += [e for e in loaded.errors if _stray(e["path"], loaded.traces.keys())]
     finally:
         for b in inputs.bundles:
             b.close()  # the traces are in memory: the unpacked dumps can go
@@ -90,7 +94,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if since is not None:
         notes.append(f"stragglers judged over the collectives enqueued since the monitor's finding began "
                      f"({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since / 1e9))}, its first_seen)")
-    missed = [e for e in result.errors if not e["error"].startswith(READ_ANYWAY) and e not in inputs.read_anyway]
+    missed: list[Any] = [e for e in result.errors if not e["error"].startswith(READ_ANYWAY) and e not in inputs.read_anyway]
+    for b in inputs.bundles:  # a dump the bundle lists that did not come may be the culprit's
+        if b.manifest.get("kind") in FR_KINDS:
+            missed += [r for r in not_come(b.manifest) if r not in result.ranks]
     if args.jobs is not None and args.jobs > max_workers():  # more only add start-up and memory
         notes.append(f"--jobs {args.jobs}: at most {max_workers()} worker processes start "
                      f"({JOBS_PER_CORE} per available core, of {available_cores()})")
@@ -135,8 +142,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 # errors that leave no dump unread: a file that is no dump (a log beside the dumps), a second dump
 # of a rank (the first is read)
 READ_ANYWAY = ("neither JSON nor a pickle", "duplicate dump of rank ")
-INCOMPLETE = ("input(s) could not be read (errors): a rank to blame may be among them, so no "
-              "findings is no healthy verdict; nothing compared for them")
+INCOMPLETE = ("input(s) could not be read (errors, or a bundle's dumps that did not come): a rank to blame "
+              "may be among them, so no findings is no healthy verdict; nothing compared for them")
 
 
 @dataclass
@@ -234,6 +241,28 @@ def _say_choice(raw: str, got: int, folders: dict[int, Path], held: dict[int, tu
         more = ", ".join(f"quorum {q}'s {held[q][1]}" for q in out.fuller)
         out.errors.append({"path": raw, "error": f"read torchft quorum {got}'s {held[got][1]} dump file(s), the newest, "
                            f"yet {more} are older: --quorum {out.fuller[0]} reads them"})
+
+
+def _stray(path: str, read: Any) -> bool:
+    """A file that failed to load yet can hide no rank not ``read``: its name's digits name none
+    (no digits, or a rank read), and it did not begin as a dump (a pickle, JSON holding entries)."""
+    from .loader import dump_kind, rank_from_name
+
+    p = Path(path)
+    rank = rank_from_name(p.name.removesuffix(".gz"))  # a gzipped rank4.json.gz still names rank 4
+    if not p.is_file() or rank is not None and rank not in read:  # a folder: not one file's
+        return False
+    try:
+        with open(p, "rb") as f:  # in chunks: a stray file may be a checkpoint's gigabytes
+            kind, tail = dump_kind(f.read(262)), b""
+            f.seek(0)
+            while kind == "json" and (chunk := f.read(1 << 20)):
+                if b'"entries"' in tail + chunk:
+                    return False
+                tail = chunk[-8:]
+    except OSError:
+        return False
+    return kind != "pickle"
 
 
 def _span(ranks: list[int]) -> str:
