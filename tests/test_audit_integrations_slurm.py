@@ -9,7 +9,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,21 +17,9 @@ from monitor.act.sinks.hooks import SlurmSink
 from tests import test_hosts_sinks
 from tests.conftest import require_binary
 
-slurm = test_hosts_sinks.slurm
+slurm, slurm_cluster = test_hosts_sinks.slurm, test_hosts_sinks.slurm_cluster
 EVENT = test_hosts_sinks.EVENT
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def tmp_path():
-    """The cluster's directory, traversable by ``nobody`` (pytest's own is 0700 under root):
-    the unprivileged ``scontrol`` reaches munged's socket and slurm.conf there."""
-    d = Path(tempfile.mkdtemp(prefix="lk-slurm-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

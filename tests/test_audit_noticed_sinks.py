@@ -12,7 +12,8 @@ import pytest
 from monitor.act.sinks.hooks import SlurmSink
 from tests import test_hosts_sinks
 
-slurm, kube = test_hosts_sinks.slurm, test_hosts_sinks.kube
+slurm, slurm_cluster = test_hosts_sinks.slurm, test_hosts_sinks.slurm_cluster
+kube = test_hosts_sinks.kube
 EVENT = test_hosts_sinks.EVENT
 
 

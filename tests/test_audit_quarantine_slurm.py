@@ -21,7 +21,7 @@ from tests import test_hosts_sinks
 from tests.support.monitor_sim import SimJob
 
 pytestmark = pytest.mark.e2e
-slurm = test_hosts_sinks.slurm
+slurm, slurm_cluster = test_hosts_sinks.slurm, test_hosts_sinks.slurm_cluster
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

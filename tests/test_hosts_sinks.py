@@ -13,9 +13,11 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -614,19 +616,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def slurm(tmp_path):
+SLURM_NODES = ("n1", "n2")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
     """A real Slurm controller and two slurmd (nodes ``n1``, ``n2``) on loopback, with their own
-    munged (Debian's slurmctld, slurmd, slurm-client, munge: bin/bootstrap --system). Root
-    only."""
+    munged (Debian's slurmctld, slurmd, slurm-client, munge: bin/bootstrap --system), one per
+    module: tests get it through ``slurm``. Root only. Its directory is traversable by
+    ``nobody`` (pytest's own is 0700 under root): an unprivileged ``scontrol`` reaches munged's
+    socket and slurm.conf there. Yields (environment, slurm.conf's text)."""
     binaries = {n: _sbin(n) for n in ("munged", "mungekey", "slurmctld", "slurmd")}
     require_binary("scontrol")
     if os.geteuid() != 0:
         pytest.skip("the loopback Slurm cluster runs as root (SlurmUser=root)")
-    d = tmp_path
+    d = Path(tempfile.mkdtemp(prefix="lk-slurm-"))
+    d.chmod(0o755)
     (d / "state").mkdir()
-    nodes = ("n1", "n2")
-    for n in nodes:
+    for n in SLURM_NODES:
         (d / f"spool-{n}").mkdir()
     key, sock = d / "munge.key", d / "munge.sock"
     subprocess.run([binaries["mungekey"], "-c", "-k", str(key), "-b", "1024", "-f"],
@@ -655,7 +662,7 @@ AccountingStorageType=accounting_storage/none
 SlurmctldLogFile={d}/ctld.log
 SlurmdLogFile={d}/slurmd-%n.log
 """ + "".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={_free_port()} "
-              "CPUs=1 State=UNKNOWN\n" for n in nodes)
+              "CPUs=1 State=UNKNOWN\n" for n in SLURM_NODES)
                     + "PartitionName=p Nodes=n1,n2 Default=YES State=UP\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs = [subprocess.Popen([binaries["munged"], "-F", "-f", f"--key-file={key}",
@@ -669,22 +676,13 @@ SlurmdLogFile={d}/slurmd-%n.log
         procs.append(subprocess.Popen([binaries["slurmctld"], "-D", "-i", "-f", str(conf)],
                                       env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
-        for n in nodes:
+        for n in SLURM_NODES:
             procs.append(subprocess.Popen([binaries["slurmd"], "-D", "-N", n, "-f", str(conf)],
                                           env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
-        while True:  # until both slurmd registered (IDLE): a node in UNKNOWN cannot resume
-            r = subprocess.run(["scontrol", "show", "node"], env=env, capture_output=True,
-                               text=True)
-            if r.returncode == 0 and r.stdout.count("State=IDLE") == len(nodes):
-                break
-            if time.monotonic() > deadline:
-                log = d / "ctld.log"
-                pytest.fail("the loopback Slurm cluster did not come up within 15 s: "
-                            f"{r.stdout[-300:]} {r.stderr[-300:]} "
-                            + (log.read_text(errors="replace")[-800:] if log.exists() else ""))
-            time.sleep(0.1)
-        yield env
+        # until both slurmd registered (IDLE): a node in UNKNOWN cannot resume
+        _until_nodes_idle(env, deadline, "the loopback Slurm cluster did not come up")
+        yield env, conf.read_text()
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -694,6 +692,44 @@ SlurmdLogFile={d}/slurmd-%n.log
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _nodes(env) -> dict[str, str]:
+    """Each node's ``State=`` as ``scontrol -o show node`` says, `` (reason)`` after it if it
+    has one; what scontrol said instead if the controller does not answer."""
+    r = subprocess.run(["scontrol", "-o", "show", "node"], env=env, capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        return {"scontrol": r.stderr[-300:]}
+    return {line.split()[0].split("=", 1)[1]: line.split(" State=")[1].split()[0]
+            + (" (reason)" if " Reason=" in line else "") for line in r.stdout.splitlines()}
+
+
+def _until_nodes_idle(env, deadline: float, why: str) -> None:
+    while (shown := _nodes(env)) != dict.fromkeys(SLURM_NODES, "IDLE"):
+        if time.monotonic() > deadline:
+            log = Path(env["SLURM_CONF"]).parent / "ctld.log"
+            pytest.fail(f"{why} within 15 s: {shown} "
+                        + (log.read_text(errors="replace")[-800:] if log.exists() else ""))
+        time.sleep(0.1)  # polling the controller, with a deadline
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    """The module's Slurm cluster as a fresh one is: its slurm.conf as written, and both nodes
+    IDLE with no reason (a drain, DOWN or FAIL an earlier test left is resumed). Its env."""
+    env, text = slurm_cluster
+    conf = Path(env["SLURM_CONF"])
+    if conf.read_text() != text:
+        conf.write_text(text)
+        subprocess.run(["scontrol", "reconfigure"], env=env, check=True, capture_output=True)
+    for node, state in _nodes(env).items():
+        if node in SLURM_NODES and state != "IDLE":  # (one still registering refuses it, and is waited for below)
+            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env,
+                           capture_output=True)
+    _until_nodes_idle(env, time.monotonic() + 15, "the Slurm nodes were not IDLE again")
+    return env
 
 
 def test_slurm_sink_against_a_real_controller(slurm, monkeypatch):
