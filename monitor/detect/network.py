@@ -189,6 +189,11 @@ def _cut_off(hosts: list[str], links: list[Link]) -> Verdict:
     return out
 
 
+def _newest(view: ClusterView) -> int | None:
+    """The newest step of the quorum's groups."""
+    return max((gv.step for gv in view.in_quorum() if gv.step is not None), default=None)
+
+
 class Network:
     def __init__(self, cfg: ProbeConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
@@ -205,7 +210,13 @@ class Network:
         findings = self.findings
         jobs = [f for k, f in findings.open.items() if k[0] in JOB_KINDS]
         if not jobs and not pending:
-            findings.resolve_where("job_recovered", now, ("network",))
+            # recovered only once a step committed since the finding opened: a job stopped for
+            # good (its quorum re-forming and failing) may close every job-wide finding
+            top = _newest(view)
+            for key, f in list(findings.open.items()):
+                if key[0] == "network" and ((s := f.evidence.get("step")) is None
+                                            or top is not None and top > s):
+                    findings.resolve(key, "job_recovered", now)
             self._streak, self._heal_rounds = {}, 0
             return []
         if rnd is None or blind:
@@ -268,6 +279,7 @@ class Network:
             was = findings.open.get(("network", gv.replica_group, gv.replica_id))
             charged = set(was.evidence.get("charged_hosts") or ()) if was is not None else set()
             ev["charged_hosts"] = sorted(charged | set(hosts))
+            ev["step"] = was.evidence.get("step") if was is not None else _newest(view)
             ranks = sorted(r for h in hosts for r in on[h])
             new.append(findings.confirm("network", gv, ranks, ev, first, now, view))
             if was is not None and (added := set(hosts) - charged):
