@@ -380,8 +380,9 @@ ALERTS = [
         " == 1", "0m", "warning",
         "Host {{ $labels.host }} (node {{ $labels.node }}) of job {{ $labels.job }} is "
         "quarantined",
-        "The monitor's host ledger quarantined host {{ $labels.host }}: it kept offending "
-        "(hang, mismatch, dead rank, repeated straggler) within the quarantine window. Groups "
+        "The monitor's host ledger quarantined host {{ $labels.host }}: it offended (a hang, "
+        "mismatch, dead rank, network fault or dead group, or a repeated straggler) within the "
+        "quarantine window. Groups "
         "that come back on it are evicted; the sinks (--action) cordon or drain it.",
         "GET /v1/hosts on the monitor for the offences and their findings; check the host's "
         "hardware (GPU, NIC, memory); once repaired, POST /v1/hosts/{{ $labels.host }}/release "

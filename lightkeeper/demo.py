@@ -368,6 +368,11 @@ def _check_plans(args: argparse.Namespace, plans: list) -> tuple[str | None, str
         if f.kind == "slow_link" and f.from_step < baseline_steps():
             return (f"{f.spec}: from_step below {baseline_steps()}, the healthy steps job_slow "
                     "takes its baseline over first: it would never be judged", None)
+    if not held and len(network) > args.spare_hosts:  # --max-quarantined is the spares
+        return (f"{len(network)} network faults with --spare-hosts {args.spare_hosts}: each "
+                "quarantines its host and moves its group to a spare; past the spares the "
+                "quarantine is held and the group restarted onto the broken host; give "
+                f"--spare-hosts {len(network)} or fewer network faults", None)
     return None, (f"{network[0].spec}: with --dry-run its host is never quarantined nor healed: "
                   "it stays broken until the run's end" if held and network else None)
 

@@ -1,6 +1,6 @@
 """What ``lightkeeper demo`` refuses before it runs, or still does when it fails: network faults
 without host quarantine (their host is healed only once quarantined; a --dry-run, which ends on
-its own, takes them), or that the monitor could never find (a bad link with two groups, a slow
+its own, takes them) or more of them than spare hosts, or that the monitor could never find (a bad link with two groups, a slow
 link before its baseline), a fault whose step --steps never reaches, a report directory another user made or swapped between the check and the run (as
 root), more hosts than a fabric has addresses for; namespaces a killed demo left are removed and
 said; and a bug in the run still stops everything and writes the report.
@@ -92,6 +92,22 @@ def test_a_network_fault_without_quarantine_is_refused(cli, flags, drop, capsys)
     assert code == 2 and cli.built == 0 and "Traceback" not in err
     assert f"partition:at_step=20 is a network fault, and with {held} its host is never " \
            "healed" in err and f"drop {drop} or the fault" in err, err
+
+
+def test_more_network_faults_than_spare_hosts_are_refused(cli, tmp_path, capsys):
+    # the cap (--max-quarantined) is the spares: the third host's quarantine would be held and
+    # its group restarted onto it, evicted once, then held there with the fault on
+    faults = ("--inject", "0:partition:at_step=60", "--inject", "1:host_offline:at_step=60",
+              "--inject", "2:slow_link:mbit=20,from_step=60")
+    code = demo_mod.run(demo_args("--spare-hosts", "2", *faults))
+    err = capsys.readouterr().err
+    assert code == 2 and cli.built == 0
+    assert err.strip() == "lightkeeper demo: 3 network faults with --spare-hosts 2: each " \
+        "quarantines its host and moves its group to a spare; past the spares the quarantine " \
+        "is held and the group restarted onto the broken host; give --spare-hosts 3 or fewer " \
+        "network faults", err
+    assert len(_scenario("--spare-hosts", "3", *faults,
+                         "--report-dir", str(tmp_path / "r"))) == 3
 
 
 def test_a_dry_run_soak_has_no_network_fault(cli, tmp_path, capsys):

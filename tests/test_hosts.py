@@ -595,6 +595,25 @@ def test_never_the_last_host_a_one_host_job_quarantines_nothing(tmp_path):
     assert led.quarantined() == ["vm"]
 
 
+def test_a_group_back_on_a_host_held_as_the_last_one_is_held_for_host_faults_only(tmp_path):
+    """One host (no_other_host): a group evicted off it for a network fault and back there is
+    held (a restart there cannot help); a hang, which a restart may cure, never is, nor is the
+    group's first incarnation, nor one that runs elsewhere."""
+    clock = Clock()
+    led = ledger(tmp_path, clock, max_quarantined=5)
+    led.record([finding("network", "vm", 1, rid="g1:a")], clock())
+    assert [d["reason"] for d in led.decide(clock(), None, 1)] == ["no_other_host"]
+    back = finding("network", "vm", 2, rid="g1:b")
+    assert led.held_back_on(back, set(), clock()) is None  # g1:a was never evicted
+    led.record([back], clock())
+    why = led.held_back_on(back, {"g1:a"}, clock())
+    assert why.startswith("replica group 1 was evicted off vm already (g1:a)"), why
+    assert "(no_other_host: quarantining vm would leave none" in why, why
+    assert led.held_back_on(finding("network", "vm", 3, rid="g1:a"), {"g1:a"}, clock()) is None
+    assert led.held_back_on(finding("hang", "vm", 4, rid="g1:b"), {"g1:a"}, clock()) is None
+    assert led.held_back_on(finding("network", "h2", 5, rid="g1:b"), {"g1:a"}, clock()) is None
+
+
 def test_a_host_whose_groups_the_rails_protect_is_held_then_quarantined(tmp_path):
     """Quarantining drains the host's groups, so min_replicas holds it as it holds an eviction
     (said once), until the quorum can spare them."""

@@ -33,6 +33,8 @@ def test_evicts_when_every_rail_is_clear():
     (dict(blind_reason="the monitor reaches only 50% of the ranks it knows"), {},
      "monitor_blind"),
     (dict(groups_in_quorum={1, 2}), dict(min_replicas=2), "min_replicas"),
+    (dict(quarantine_held="evicted off h2 already", last_eviction_at=990.0),
+     dict(cooldown_s=30), "quarantine_held"),
     (dict(last_eviction_at=990.0), dict(cooldown_s=30), "cooldown"),
 ])
 def test_each_rail_holds(kw, rails, reason):
@@ -80,9 +82,10 @@ def test_min_replicas_counts_remaining_groups():
     assert decide("hang", 1, RID, situation(groups_in_quorum={0, 2}), rails).evict
 
 
-def test_manual_skips_cooldown_and_blindness_not_min_replicas():
+def test_manual_skips_cooldown_blindness_and_a_held_quarantine_not_min_replicas():
     rails = RailsConfig(min_replicas=2, cooldown_s=60)
-    s = situation(last_eviction_at=999.0, blind_reason="it reaches only 10% of the ranks")
+    s = situation(last_eviction_at=999.0, blind_reason="it reaches only 10% of the ranks",
+                  quarantine_held="evicted off h2 already")
     assert decide("manual", 1, RID, s, rails, manual=True).evict
     s = situation(groups_in_quorum={0, 1})
     assert decide("manual", 1, RID, s, rails, manual=True).reason == "min_replicas"

@@ -10,6 +10,8 @@ enforcer by hand, in the order the sweep does (record, the host ledger, then dec
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from monitor.api.app import create_app
@@ -107,5 +109,56 @@ def test_a_dry_run_quarantine_holds_no_real_eviction(tmp_path, job):
         (would,) = [h for h in mon.enforcer.hosts_json()["hosts"] if h["host"] == "host-g0"]
         assert would.get("would_quarantine") and mon.hosts.quarantined() == []
         assert job.kills == [job.replica_ids[1]]
+    finally:
+        mon.stop()
+
+
+def test_a_host_fault_is_evicted_once_while_its_hosts_quarantine_is_held(tmp_path, job):
+    """--max-quarantined 1, host-g0 quarantined: a network fault of host-g2 cannot quarantine
+    it (cap). Group 2 is evicted once; restarted on host-g2 (where its restart puts it) and
+    found there again, it is held (``quarantine_held``, once), its finding open; released,
+    host-g0 frees the cap, host-g2 is quarantined and the group evicted. Before, every
+    incarnation was evicted again on the same host until its supervisor gave up."""
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
+        lighthouse=job.url, token=TOKEN, bundles=BundleConfig(enabled=False),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("network",)),
+        quarantine=QuarantineConfig(max_quarantined=1)))
+    client = create_app(mon).test_client()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        view = mon.sweep_once()
+        hand_in(mon, view, [finding("hang", 0, job, mon.clock())])  # counted, not evicted
+        assert mon.hosts.quarantined() == ["host-g0"]
+        first = job.replica_ids[2]
+        hand_in(mon, view, [finding("network", 2, job, mon.clock())])
+        assert job.kills == [first] and mon.hosts.quarantined() == ["host-g0"]
+        (g2,) = [h for h in mon.enforcer.hosts_json()["hosts"] if h["host"] == "host-g2"]
+        assert (g2["state"], g2["hold"]["reason"]) == ("suspect", "cap"), g2
+
+        job.replica_ids[2] = again = f"replica_group_2:{uuid.uuid4()}"
+        for r in job.sim.group(2):  # its supervisor restarts it on the same host
+            r.update(replica_id=again)
+            r.set_mode("ok")
+        job.alive.add(2)
+        job.requorum()
+        view = mon.sweep_once()
+        assert view.evidence().groups[2].replica_id == again
+        back = finding("network", 2, job, mon.clock())
+        hand_in(mon, view, [back])
+        hand_in(mon, view, [])  # still held: said once
+        assert job.kills == [first]
+        held = client.get("/v1/evictions?decision=hold").get_json()
+        assert [(d["replica_group"], d["replica_id"], d["reason"]) for d in held
+                if d["reason"] != "already_evicted"] == [(2, again, "quarantine_held")], held
+        detail = next(d["detail"] for d in held if d["reason"] == "quarantine_held")
+        assert f"evicted off host-g2 already ({first})" in detail and "cap" in detail, detail
+        assert back.key in {f.key for f in mon.detectors.open_findings()}
+
+        r = client.post("/v1/hosts/host-g0/release", json={"reason": "fixed"}, headers=auth)
+        assert r.status_code == 200, r.get_json()
+        hand_in(mon, view, [])
+        assert mon.hosts.quarantined() == ["host-g2"]
+        assert job.kills == [first, again]
     finally:
         mon.stop()

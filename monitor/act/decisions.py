@@ -23,6 +23,8 @@ class Situation:
     evicted_replica_ids: set[str] = field(default_factory=set)
     last_eviction_at: float | None = None
     blind_reason: str | None = None  # set when the monitor cannot verify what it sees
+    # why evicting would only restart the group on a host whose quarantine a rail holds
+    quarantine_held: str | None = None
 
 
 @dataclass
@@ -67,6 +69,8 @@ def decide(kind: str, replica_group: int, replica_id: str | None, s: Situation,
     if remaining < rails.min_replicas:
         return hold("min_replicas", f"evicting would leave {remaining} replica group(s) in the "
                                     f"quorum, fewer than --min-replicas {rails.min_replicas}")
+    if not manual and s.quarantine_held:
+        return hold("quarantine_held", s.quarantine_held)
     if not manual and s.last_eviction_at is not None \
             and s.now - s.last_eviction_at < rails.cooldown_s:
         wait = rails.cooldown_s - (s.now - s.last_eviction_at)

@@ -348,6 +348,8 @@ class Enforcer:
                     in_quorum = in_quorum_by_replica_id(evidence)
                     drained = drained_groups(evidence, self.hosts.quarantined())
                 s = self.situation(view, evidence, now, in_quorum, drained)
+                s.quarantine_held = self.hosts.held_back_on(f.to_dict(),
+                                                            s.evicted_replica_ids, now)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, rails)
                 if d.evict and evict is not None:
                     if not evict(f):

@@ -13,7 +13,7 @@ import copy
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from functools import cache
 from typing import Any
 
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 OK, SUSPECT, QUARANTINED, RELEASED = "ok", "suspect", "quarantined", "released"
 STATES = (OK, SUSPECT, QUARANTINED, RELEASED)
+# findings about the host itself, not its processes: a restart on the same host cannot help
+HOST_KINDS = ("network", "dead")
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -312,6 +314,31 @@ class HostLedger(HostActions):
                            f"{self.cfg.max_quarantined:g} of {known} known host(s)) is {cap}")
         if self.cfg.dry_run:
             return "dry_run", "--quarantine-dry-run or --dry-run: decided, nothing done"
+        return None
+
+    def held_back_on(self, f: dict[str, Any], evicted: Collection[str], now: float
+                     ) -> str | None:
+        """Why evicting ``f``'s group (a HOST_KINDS finding) only restarts it on a host it names:
+        an earlier incarnation was evicted after such an offence there (one that still counts),
+        and ``cap`` or ``no_other_host`` holds the host's quarantine; None: nothing holds it."""
+        if f.get("kind") not in HOST_KINDS:
+            return None
+        with self._lock:
+            for host in culprit_hosts(f):
+                h, rail = self.hosts.get(host), self._held.get(host)
+                if h is None or h["state"] != SUSPECT or rail not in ("cap", "no_other_host"):
+                    continue
+                before = sorted({o["data"].get("replica_id") for o in
+                                 self._counting_offences(h, now) if o["kind"] in HOST_KINDS
+                                 and o["data"].get("replica_group") == f.get("replica_group")
+                                 and o["data"].get("replica_id") != f.get("replica_id")
+                                 and o["data"].get("replica_id") in evicted})
+                if before:
+                    return (f"replica group {f.get('replica_group')} was evicted off {host} "
+                            f"already ({', '.join(before)}) and is back on it; its quarantine "
+                            f"is held ({rail}: {h['hold']['detail']}), so another eviction "
+                            f"only restarts it there: evicted once {host} is quarantined or "
+                            "the group runs elsewhere")
         return None
 
     def _quarantine(self, h: dict[str, Any], kind: str, summary: str, evidence: dict,
