@@ -3,8 +3,11 @@ NCCL dumps without TORCH_NCCL_ENABLE_TIMING, and folders this user may not list.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import pickle
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -204,3 +207,48 @@ def test_an_unreadable_file_is_incomplete_input_only_where_it_may_hide_a_rank(be
     assert main(["analyze", str(folder)]) == code
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == ("no findings" if code == 0 else "no findings in the dumps read: incomplete input, not a healthy verdict")
+
+
+def rank_2s_dump_in(name: str) -> bytes:
+    """What a file named ``name`` beside ranks 0 and 1's dumps holds that may be rank 2's dump."""
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    dump = pickle.dumps(job.dumps()[2])
+    if name.endswith(".gz"):
+        return gzip.compress(dump)
+    if name.endswith(".tar"):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            member = tarfile.TarInfo("nccl_trace_rank_2")
+            member.size = len(dump)
+            tar.addfile(member, io.BytesIO(dump))
+        return buf.getvalue()
+    if name.endswith(".zst"):
+        return b"\x28\xb5\x2f\xfd" + bytes(50)  # zstd's magic: compressed, not read here
+    return bytes(4096)  # torch writes its dump in place: a crash may leave it zero-filled
+
+
+@pytest.mark.parametrize("name", ["trace.gz", "dumps.tar", "nccl_trace_rank_2", "rank2.json.zst"])
+def test_a_file_that_may_be_a_missing_ranks_dump_is_incomplete_input(name, tmp_path, capsys):
+    """Rank 2's dump gzipped or tarred without digits in its name, zero-filled, or compressed
+    under its rank's name, beside ranks 0 and 1's: read as a stray file, it exited 0 "no findings"
+    with rank 2 never read. An archive beside every rank's dump still hides none."""
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    folder = tmp_path / "dumps"
+    write_dumps(job.dumps(ranks=[0, 1]), folder)
+    (folder / name).write_bytes(rank_2s_dump_in(name))
+    assert main(["analyze", "--format", "json", str(folder)]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert (report["ranks"], report["unknown_ranks"], [Path(e["path"]).name for e in report["errors"]]) == \
+        ([0, 1], [2], [name])
+    assert main(["analyze", str(folder)]) == 2
+    assert capsys.readouterr().out.endswith("no findings in the dumps read: incomplete input, not a healthy verdict\n")
+    (folder / "rank1.log").write_text("step 3\n")  # rank 1's log: rank 1 is read
+    (folder / name).unlink()
+    assert main(["analyze", str(folder)]) == 0
+    if name.endswith((".gz", ".tar")):
+        write_dumps(job.dumps(ranks=[2]), folder)
+        (folder / name).write_bytes(rank_2s_dump_in(name))
+        assert main(["analyze", str(folder)]) == 0
+        assert capsys.readouterr().out.endswith("\nno findings\n")

@@ -197,3 +197,15 @@ def test_a_quorum_level_hang_is_unchecked_by_the_dumps(tmp_path, capsys):
     assert "these dumps cannot check it: rank(s) 3 never asked for the quorum: no collective is pending, " \
            "which a dump could show\n" in text, text
     assert "does not name" not in text
+
+
+def test_a_quorum_level_hang_the_dumps_show_elsewhere_is_not_named(tmp_path, capsys):
+    """The monitor said rank 1 never asked for the quorum, yet the dumps show rank 2 never
+    entering a collective ranks 0 and 1 wait in: they can check it, and read "cannot check"."""
+    path = bundle(tmp_path / "q", "hang", [1], cross_hang(3).dumps(),
+                  {"ranks": [1], "evidence": {"level": "quorum", "never_arrived": [1], "waiting_ranks": [0, 2]}})
+    code, report, _, text = run(capsys, path)
+    [b] = report["bundles"]
+    assert ([f["culprit_ranks"] for f in report["findings"]], b["analysis_agrees"], b["unchecked"], code) == \
+        ([[2]], False, False, 1), b
+    assert "; the analysis does not name them\n" in text, text

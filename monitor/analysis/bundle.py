@@ -179,7 +179,7 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
     straggler some ``lags`` entry's; None when none are named, no dump was ``analyzed``, the kind
     does not show in a dump (``flight_recorder_shows``), or the dumps cannot check it
     (``unchecked``, ``unchecked_why``): a named rank's dump not ``read``, none of a hang's waiting
-    ranks' either, a mismatch with no other rank's dump, a quorum-level hang (nothing pending), or a
+    ranks' either, a mismatch with no other rank's dump, a quorum-level hang where no hang shows, or a
     named straggler not ``compared`` with a peer over enough collectives."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
@@ -189,7 +189,8 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
     culprits = [set(_named(f)) for f in [*findings, *(lags or [] if kind == "straggler" else [])]]
     agrees = set(named) in [*culprits, set().union(*culprits)] if named and shows and analyzed \
         else None
-    why = _unchecked(kind, named, finding, compared, read) if agrees is False else None
+    hung = any(f.get("kind") == "hang" for f in findings)
+    why = _unchecked(kind, named, finding, compared, read, hung) if agrees is False else None
     if why:  # neither confirmed nor denied
         agrees = None
     ev = (finding or {}).get("evidence")
@@ -216,7 +217,7 @@ def onset_ns(manifest: dict[str, Any], finding: dict[str, Any] | None) -> int | 
 
 
 def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, compared: set[int] | None,
-               read: set[int] | None) -> str | None:
+               read: set[int] | None, hung: bool) -> str | None:
     """Why the dumps cannot check what the monitor named, or None when they can."""
     spans = ", ".join(map(str, named))
     if read is not None and not set(named) <= read:
@@ -224,7 +225,8 @@ def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, comp
     if kind == "mismatch" and read is not None and read <= set(named):  # nothing to compare with
         return f"no other rank's dump to compare rank(s) {spans} with"
     ev = (finding or {}).get("evidence")
-    if kind == "hang" and isinstance(ev, dict) and ev.get("level") == "quorum":  # nothing pending
+    # nothing pending, so nothing to check; yet a hang the dumps show names its own culprits
+    if kind == "hang" and not hung and isinstance(ev, dict) and ev.get("level") == "quorum":
         return f"rank(s) {spans} never asked for the quorum: no collective is pending, which a dump could show"
     waited = ev.get("waiting_ranks") if isinstance(ev, dict) else None
     if kind == "hang" and read is not None and isinstance(waited, list) and waited \

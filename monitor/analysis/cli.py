@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             return 2
         loaded = load_paths(inputs.paths, jobs=args.jobs, prefix=args.prefix)
         # judged while a bundle's dumps are still unpacked
-        inputs.read_anyway += [e for e in loaded.errors if _stray(e["path"], loaded.traces.keys())]
+        strays = [(e, s) for e in loaded.errors if (s := _stray(e["path"], loaded.traces.keys()))]
     finally:
         for b in inputs.bundles:
             b.close()  # the traces are in memory: the unpacked dumps can go
@@ -90,6 +90,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size,
                      straggler=StragglerConfig(since_ns=since))
     result.errors = inputs.errors + loaded.errors + result.errors
+    # an archive may hold the dump of a rank the groups name and no dump read gave
+    inputs.read_anyway += [e for e, s in strays if s is True or not result.unknown_ranks]
     notes = inputs.notes + loaded.notes
     if since is not None:
         notes.append(f"stragglers judged over the collectives enqueued since the monitor's finding began "
@@ -139,9 +141,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 1 if result.findings else 0
 
 
-# errors that leave no dump unread: a file that is no dump (a log beside the dumps), a second dump
-# of a rank (the first is read)
-READ_ANYWAY = ("neither JSON nor a pickle", "duplicate dump of rank ")
+# an error that leaves no dump unread: a second dump of a rank (the first is read); a file that is
+# no dump is judged by _stray, as its name may be a rank's not read (torch writes a dump in place)
+READ_ANYWAY = ("duplicate dump of rank ",)
 INCOMPLETE = ("input(s) could not be read (errors, or a bundle's dumps that did not come): a rank to blame "
               "may be among them, so no findings is no healthy verdict; nothing compared for them")
 
@@ -243,13 +245,16 @@ def _say_choice(raw: str, got: int, folders: dict[int, Path], held: dict[int, tu
                            f"yet {more} are older: --quorum {out.fuller[0]} reads them"})
 
 
-def _stray(path: str, read: Any) -> bool:
-    """A file that failed to load yet can hide no rank not ``read``: its name's digits name none
-    (no digits, or a rank read), and it did not begin as a dump (a pickle, JSON holding entries)."""
+def _stray(path: str, read: Any) -> bool | str:
+    """Whether a file that failed to load can hide no rank not ``read``: False where its name's
+    digits name one (a last suffix aside: ``rank2.json.zst``) or it began as a dump (a pickle, JSON
+    holding entries); ``"archive"`` for a gzip or tar, which may hold any rank's dump (``trace.gz``),
+    so is stray only where no rank is missing; else True."""
     from .loader import dump_kind, rank_from_name
 
     p = Path(path)
-    rank = rank_from_name(p.name.removesuffix(".gz"))  # a gzipped rank4.json.gz still names rank 4
+    rank = rank_from_name(p.name)
+    rank = rank_from_name(p.stem) if rank is None else rank
     if not p.is_file() or rank is not None and rank not in read:  # a folder: not one file's
         return False
     try:
@@ -262,7 +267,7 @@ def _stray(path: str, read: Any) -> bool:
                 tail = chunk[-8:]
     except OSError:
         return False
-    return kind != "pickle"
+    return "archive" if kind in ("gzip", "tar") else kind != "pickle"
 
 
 def _span(ranks: list[int]) -> str:
