@@ -717,13 +717,16 @@ def _until_nodes_idle(env, deadline: float, why: str) -> None:
 
 @pytest.fixture
 def slurm(slurm_cluster):
-    """The module's Slurm cluster as a fresh one is: its slurm.conf as written, and both nodes
-    IDLE with no reason (a drain, DOWN or FAIL an earlier test left is resumed). Its env."""
+    """The module's Slurm cluster as a fresh one is: its slurm.conf as written, its nodes'
+    NodeHostname localhost, and both nodes IDLE with no reason (a drain, DOWN or FAIL an earlier test left is resumed). Its env."""
     env, text = slurm_cluster
     conf = Path(env["SLURM_CONF"])
     if conf.read_text() != text:
         conf.write_text(text)
         subprocess.run(["scontrol", "reconfigure"], env=env, check=True, capture_output=True)
+    for node in SLURM_NODES:  # the controller keeps a NodeHostname a test updated
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "NodeHostname=localhost"],
+                       env=env, capture_output=True)
     for node, state in _nodes(env).items():
         if node in SLURM_NODES and state != "IDLE":  # (one still registering refuses it, and is waited for below)
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env,

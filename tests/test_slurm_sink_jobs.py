@@ -21,7 +21,7 @@ from monitor.store import Store
 from tests import test_hosts_sinks
 from tests.test_hosts import Clock, finding
 
-slurm = test_hosts_sinks.slurm
+slurm, slurm_cluster = test_hosts_sinks.slurm, test_hosts_sinks.slurm_cluster
 EVENT = test_hosts_sinks.EVENT
 UNKNOWN = ("node {} unknown to Slurm by that name or its first label; give the ranks "
            "NODE_NAME=$SLURMD_NODENAME")
