@@ -73,3 +73,40 @@ def test_a_straggler_that_caught_up_over_a_restart_is_found_anew_on_its_own_onse
         assert new["first_seen"] > restart_at
     finally:
         d.mon.stop()
+
+
+def late_again_while_down(tmp_path, job, on_time_steps: int, late_steps: int
+                          ) -> tuple[dict, Driver, float]:
+    """A straggler's monitor stopped; its group on time for ``on_time_steps`` steps, then late
+    for ``late_steps`` before the monitor restarts: (its finding, the restarted monitor's
+    driver, when the late run began)."""
+    clock = Clock()
+    d = straggling(tmp_path, job, clock, LATE)
+    [before] = stragglers(d)
+    d.mon.stop()
+    for _ in range(on_time_steps):  # a step a simulated second
+        clock.t += 1.0
+        d.train.steps(1, clock.t)
+    late_from = clock.t
+    for _ in range(late_steps):
+        clock.t += 1.0
+        d.train.steps(1, clock.t, groups=LATE, wait_cross_s=0.36)
+    return before, restarted(tmp_path, job, d), late_from
+
+
+@pytest.mark.parametrize(("on_time_steps", "late_steps"), [
+    (600, 20),  # ten minutes: more steps than its ranks keep, unseen by any monitor
+    (6, 9),  # a window: in the rows its ranks still hold for the restarted monitor
+])
+def test_a_straggler_on_time_while_the_monitor_was_down_is_found_on_its_new_onset(
+        tmp_path, job, on_time_steps, late_steps):
+    before, d, late_from = late_again_while_down(tmp_path, job, on_time_steps, late_steps)
+    try:
+        d.until(lambda: "straggler" in d.open_kinds(), "the straggler found again",
+                groups=LATE, wait_cross_s=0.36)
+        old, new = stragglers(d)
+        assert (old["id"], new["replica_id"]) == (before["id"], before["replica_id"])
+        # the bundle's onset covers no healthy time
+        assert new["first_seen"] >= late_from
+    finally:
+        d.mon.stop()
