@@ -135,35 +135,15 @@ class Straggler:
         self.lag_floor = cfg.straggler_min_lag_s  # of the last window (lag_floor)
         self.apart_since: float | None = None  # since when the ranks' rows share no window
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two timed groups
-        # (group, replica id) -> (onset, newest step of its evidence) of a straggler a previous
-        # monitor left open (carry)
-        self.carried: dict[tuple[int, str | None], tuple[float, int]] = {}
+        # (group, replica id) -> the onset of a straggler a previous monitor left open (carry)
+        self.carried: dict[tuple[int, str | None], float] = {}
 
     def carry(self, findings: Iterable[dict[str, Any]]) -> None:
         """The findings (audit log rows) a previous monitor on this ``--state`` left open: a
-        straggler of theirs late in every window since its evidence's steps keeps its onset."""
-        self.carried = {(f["replica_group"], f["replica_id"]): (f["first_seen"], ev["steps"][-1])
-                        for f in findings if f["kind"] == "straggler"
-                        for ev in [f.get("evidence") or {}]
-                        if ev.get("source") != "flight_recorder" and ev.get("steps")}
-
-    def _late_since(self, i: int, slots: np.ndarray, starts: list[int], threshold: float,
-                    since: int) -> bool:
-        """Whether group ``i`` was late in every window of the steps after ``since`` its ranks
-        hold, and they hold them from there on (a gap unseen may hide it on time)."""
-        n = self.cfg.straggler_steps
-        steps = [s for s in self.memory.common_steps(slots) if s > since]
-        if not steps or steps[0] > since + n:
-            return False
-        cross = np.maximum.reduceat(self.memory.seconds(slots, steps)[:, :, WAIT_CROSS_S],
-                                    starts, axis=0)
-        # windows of n ending at the newest step; the oldest one from the first step
-        for e in [*range(len(steps), n - 1, -n), min(n, len(steps))]:
-            need = math.ceil(0.75 * min(n, e))
-            lags, _, _ = straggler_lags(cross[:, max(0, e - n):e], threshold, need)
-            if not is_late_window(lags[i:i + 1], threshold, need)[0]:
-                return False
-        return True
+        straggler of theirs still late at this monitor's first window keeps its onset."""
+        self.carried = {(f["replica_group"], f["replica_id"]): f["first_seen"] for f in findings
+                        if f["kind"] == "straggler"
+                        and (f.get("evidence") or {}).get("source") != "flight_recorder"}
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
@@ -318,10 +298,8 @@ class Straggler:
             self._streaks.add(g)
             mem.straggler_lags.append(round(med_lags[i], 4))
             if mem.straggler_first_seen is None:  # since its first late step began
-                got = self.carried.get((g, groups[g].replica_id))
-                mem.straggler_first_seen = got[0] if got and self._late_since(
-                    i, slots, starts, threshold, got[1]) \
-                    else now - late_for(lags[i], threshold, steps_s)
+                mem.straggler_first_seen = self.carried.get((g, groups[g].replica_id)) \
+                    or now - late_for(lags[i], threshold, steps_s)
             if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
                 continue
             # in the group's order of ranks, as its evidence lists them
