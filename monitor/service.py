@@ -156,9 +156,7 @@ class Monitor:
         self._loop_thread: threading.Thread | None = None
         self._http: BackgroundWSGIServer | None = None
         self.url: str | None = None
-        # findings a previous run left open are closed: if still true, found again (a straggler
-        # on its onset)
-        self.detectors.straggler.carry(self.store.findings(1 << 30, open_only=True))
+        # findings a previous run left open are closed: if still true, found again
         for fid in self.store.open_finding_ids().values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
         self.store.interrupt_sending()

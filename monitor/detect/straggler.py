@@ -135,15 +135,6 @@ class Straggler:
         self.lag_floor = cfg.straggler_min_lag_s  # of the last window (lag_floor)
         self.apart_since: float | None = None  # since when the ranks' rows share no window
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two timed groups
-        # (group, replica id) -> the onset of a straggler a previous monitor left open (carry)
-        self.carried: dict[tuple[int, str | None], float] = {}
-
-    def carry(self, findings: Iterable[dict[str, Any]]) -> None:
-        """The findings (audit log rows) a previous monitor on this ``--state`` left open: a
-        straggler of theirs still late at this monitor's first window keeps its onset."""
-        self.carried = {(f["replica_group"], f["replica_id"]): f["first_seen"] for f in findings
-                        if f["kind"] == "straggler"
-                        and (f.get("evidence") or {}).get("source") != "flight_recorder"}
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
@@ -234,7 +225,6 @@ class Straggler:
                     mem.straggler_windows, mem.straggler_first_seen = 0, None
                     mem.straggler_lags = []
                 self._streaks.clear()
-                self.carried = {}
                 for key, f in list(self.findings.open.items()):
                     if key[0] == "straggler" and f.evidence.get("source") != "flight_recorder":
                         self.findings.resolve(key, "quorum_shrunk", now)
@@ -298,8 +288,7 @@ class Straggler:
             self._streaks.add(g)
             mem.straggler_lags.append(round(med_lags[i], 4))
             if mem.straggler_first_seen is None:  # since its first late step began
-                mem.straggler_first_seen = self.carried.get((g, groups[g].replica_id)) \
-                    or now - late_for(lags[i], threshold, steps_s)
+                mem.straggler_first_seen = now - late_for(lags[i], threshold, steps_s)
             if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
                 continue
             # in the group's order of ranks, as its evidence lists them
@@ -329,7 +318,6 @@ class Straggler:
         for mem in map(mems.get, order):  # the groups not judged: this window was seen
             if mem is not None:
                 mem.straggler_newest = newest
-        self.carried = {}  # one on time in this first window caught up: a later one is new
         return [f for f in new if f]
 
     def _apart(self, slots: np.ndarray, now: float) -> None:
