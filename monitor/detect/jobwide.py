@@ -129,30 +129,6 @@ def _quorum_stall(groups: list, threshold: float) -> tuple[dict, set, float] | N
     return per_group, steps, longest
 
 
-def _requorum(groups: list, stalled_s: float, slack: float) -> dict | None:
-    """Every rank of every group in torchft's quorum call or healing, and one of them asking
-    for its quorum again since the job's last commit ``stalled_s`` ago (its wait began more
-    than ``slack`` after it: torchft's attempt failed, its process group not configured or
-    its quorum timed out, and it re-forms with the same groups): per group; None otherwise.
-    A rejoin or heal that works commits before anyone asks again."""
-    per_group: dict[str, Any] = {}
-    again = False
-    for gv in groups:
-        fresh = [r for r in gv.ranks if r.fresh]
-        if not fresh or len(gv.reachable) != len(gv.ranks) \
-                or any(r.state.get("phase") not in ("quorum", "healing") for r in fresh):
-            return None
-        waits = {r.rank: secs for r in fresh if (secs := current_wait(r.state)[1]) is not None}
-        again = again or any(r.state.get("phase") == "quorum" and r.rank in waits
-                             and waits[r.rank] < stalled_s - slack for r in fresh)
-        per_group[str(gv.replica_group)] = {
-            "step": gv.step, "waiting_s": round(max(waits.values()), 3) if waits else None,
-            "phase": "healing" if any(r.state.get("phase") == "healing" for r in fresh)
-            else "quorum", "ranks": sorted(r.rank for r in fresh if r.rank is not None),
-            "hosts": sorted(gv.hosts)}
-    return per_group if again else None
-
-
 JOIN_SLACK_S = 5.0  # a joiner's wait may have begun this much before the others' collective
 
 
@@ -224,7 +200,6 @@ class JobWide:
         # the last sweep that read it (a long sweep or --interval notices an outage late)
         self._lh_out: tuple[int | None, int | None, float, bool] | None = None
         self._lh_read_at: float | None = None  # the last sweep whose ranks read the Lighthouse
-        self._top_at: tuple[int | None, float] | None = None  # (the newest step, since when)
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
@@ -344,8 +319,6 @@ class JobWide:
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
         top = max((gv.step for gv in groups if gv.step is not None), default=None)
-        if self._top_at is None or self._top_at[0] != top:
-            self._top_at = (top, now)
         if was is None:
             self._unseen = 0
         elif (over := self._stall_over(was, top, view, blind)) is not None:
@@ -371,15 +344,6 @@ class JobWide:
         if shape is None and lh_blamed and (waiting := _quorum_stall(groups, threshold)):
             shape, longest = (waiting[0], waiting[1], []), waiting[2]
             where = "blocked across groups (in the collective or its quorum call)"
-        requorum = False
-        if shape is None and not lh_down and top is not None \
-                and (since := now - self._top_at[1]) >= threshold \
-                and (waiting := _requorum(groups, since, max(
-                    JOIN_SLACK_S, 3 * (view.median_step_seconds() or 0.0)))):
-            # the Lighthouse up, yet torchft's quorum keeps failing: stopped for good
-            shape, longest, requorum = (waiting, {top}, []), since, True
-            where = ("in torchft's quorum (or healing) with no step committed, asking for "
-                     "its quorum again (torchft's attempt failed)")
         if shape is None:  # e.g. between quorums: an open one stays open until a step moves
             if was is None:
                 early, _, _, waits = hang.stall(view, now, STALL_SUSPECT)
@@ -416,9 +380,7 @@ class JobWide:
                            "the ranks, on torch's debug server only, showed its last read as "
                            "their step: a wait for their quorum and a network fault could not be "
                            "told apart"),
-               "network": ("a rank that cannot reach its peers fails its process group's "
-                           "configuration, and the quorum re-forms with the same groups")
-                          if requorum else "a network fault makes every group wait alike"
+               "network": "a network fault makes every group wait alike"
                           + (f"; the Lighthouse does not answer the monitor, but {reached}: the "
                              "ranks reach it" if reached else "")}[cause]
         ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
