@@ -167,19 +167,3 @@ def test_a_fault_that_struck_a_young_baseline_is_dropped_though_confirmed_after_
     job.sweep(led, pace=0.5)
     assert led.to_json()["baseline"] == {**before, "frozen": "incident 1 open"}
     check_invariant(led)
-
-
-def test_a_mature_baseline_keeps_its_samples_for_a_fault_dated_long_before_it_was_found():
-    """Every one of the baseline's samples newer than a fault's onset (found 110 s after it, the
-    job at pace all along) does not make the baseline young at the onset: its older samples
-    rolled out, so the count then is unknown; nothing is dropped."""
-    job, led = PolledJob(), GoodputLedger()
-    job.run(led, 20)
-    onset = job.t
-    job.run(led, 130)
-    assert led.to_json()["baseline"]["samples"] == 120
-    job.finding("straggler", 1, first_seen=onset, confirmed_at=job.t, fid=1)
-    job.run(led, 2)
-    out = led.to_json()["baseline"]
-    assert out["samples"] == 120 and out["step_seconds"] == pytest.approx(STEP)
-    check_invariant(led)

@@ -142,9 +142,8 @@ class JobPace:
 
     def sample(self, now: float, incident: int | None) -> None:
         hist = self.history
-        # what a fault that struck it young gave it before it was confirmed never enters it
-        # (samples taken when unknown: before the onset; all of them kept: not known young)
-        for i in self._faults() if len(self.samples) < self.cfg.baseline_samples else ():
+        for i in self._faults():  # what a fault that struck it young gave it before it was
+            # confirmed never enters it (its samples taken when unknown: before the onset)
             if len(self.samples) - sum(t > i.onset_at for t in self.taken) \
                     < self.cfg.baseline_samples // 4:
                 self._drop(i.onset_at, i.detected_at)

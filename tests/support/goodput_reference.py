@@ -938,8 +938,7 @@ class GoodputLedger:
     def _sample_baseline(self, now: float) -> None:
         """One sample (the job's mean step time over the trailing window) per healthy sweep."""
         # the samples a fault that struck it young gave before it was found go
-        full = len(self.baseline_samples) >= self.cfg.baseline_samples  # youth unknown
-        for i in [] if full else self._open_incidents():
+        for i in self._open_incidents():
             n = len(self.baseline_samples) - sum(t > i.onset_at for t in self.sampled_at)
             if i.settled_pace is None and n < self.cfg.baseline_samples // 4:
                 times = list(self.sampled_at)
