@@ -271,28 +271,3 @@ def test_a_survivor_out_of_sight_during_a_recovery_is_paid_by_its_commits():
     g2 = group(led, 2)
     assert g2["badput_seconds"].get("recovery", 0) == 0 and g2["pending_seconds"] == 0
     check_counted(job, led)
-
-
-def test_an_evicted_straggler_out_of_sight_that_never_returns_is_its_capacity_lost():
-    """A straggler on group 2 is confirmed; its polls then time out and it leaves the quorum;
-    the monitor evicts it and it never returns. The killed incarnation never answers to pay
-    for its time out of sight: the eviction makes it the incident's capacity lost, not
-    unattributed after the horizon."""
-    job, led = PolledJob(), GoodputLedger(GoodputConfig(horizon_s=10.0))
-    job.run(led, 20)
-    onset = job.t
-    job.run(led, 2)
-    job.finding("straggler", 2, first_seen=onset, confirmed_at=job.t, fid=9)
-    job.groups[2].update(reach=False, **{"in": False})
-    job.run(led, 4)
-    assert led.to_json()["job"]["pending_seconds"] == pytest.approx(4, abs=0.01)
-    job.evict(2, at=job.t, did=1, fid=9)
-    job.evictions[-1]["status"] = "confirmed"
-    job.run(led, 20)
-    out = led.to_json()
-    [inc] = out["incidents"]
-    assert inc["cost"]["by_cause"] == {"capacity_lost": pytest.approx(24, abs=0.01)}
-    assert causes(led)["unattributed"] == 0
-    assert out["job"]["pending_seconds"] == pytest.approx(0, abs=0.01)
-    check_invariant(led)
-    check_counted(job, led)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict, deque
 from functools import partial
 from itertools import chain, repeat
@@ -39,7 +38,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.hist = History()
         self.judged = Judged()
         self.reader = CommitReader()
-        self.job = JobPace(self.cfg, lambda: self.incidents.open(), self._left)
+        self.job = JobPace(self.cfg, lambda: self.incidents.open())
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
         # the last that saw one with no killed incarnation in the quorum: the job went on
@@ -106,7 +105,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
             self._account(view, in_quorum, deltas, owed, job_moved, dt, now, acct)
-        self._claim_killed()
         self.goodput_debt -= min(0.0, acct.goodput)
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
@@ -205,15 +203,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         inc = self.incidents.get(r.incident)
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
-
-    def _left(self, inc: Incident) -> float | None:
-        """When the group of an incident that does not slow commits, not read in the quorum
-        at the last sweep, last was (-inf: never): it holds the others up no more."""
-        slot = self.slots.index.get(inc.replica_group)
-        if not slot or inc.kind in DRAG_KINDS or self.last_at is None:
-            return None
-        t = float(self.slots.last_in_quorum_at[slot])
-        return -math.inf if math.isnan(t) else t if t < self.last_at - 1e-9 else None
 
     def _unpaid(self, r: Run) -> bool:
         """Blind pending time whose group has not been in the quorum since (out of sight)."""
@@ -326,16 +315,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._book_unseen(unseen, t0, now, "startup" if startup else "capacity_lost", acct)
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
-
-    def _claim_killed(self) -> None:
-        """Blind time since the onset of its group's incident, once that is evicted, is the
-        incident's capacity lost: the killed incarnation never answers to pay for it."""
-        for r in self.runs:
-            if r.blind and r.cause == PENDING:
-                inc = self.incidents.of_group(r.groups[0])
-                if inc is not None and inc.evicted_at is not None and inc.onset_at < r.t1:
-                    r.cause = "capacity_lost"
-                    _link(r, inc)
 
     def _pay_blind(self, owed: list[Run], inside: np.ndarray, spare: np.ndarray,
                    acct: SweepAccount) -> np.ndarray:

@@ -41,11 +41,10 @@ class JobPace:
     """The baseline: the rolling median of the job's mean step time, sampled only on healthy sweeps
     (a fault must not move the norm it is measured by)."""
 
-    def __init__(self, cfg: GoodputConfig, incidents: Callable[[], list[Incident]] = list,
-                 left: Callable[[Incident], float | None] = lambda i: None) -> None:
+    def __init__(self, cfg: GoodputConfig, incidents: Callable[[], list[Incident]] = list
+                 ) -> None:
         self.cfg = cfg
         self.incidents = incidents  # the open ones (those not settled hold a young baseline)
-        self.left = left  # when an incident's group, gone from the quorum, left it (None: not)
         self.step: int | None = None  # the newest step of a group in the quorum
         self.history: deque = deque()  # (t, job step) over the window
         self.samples: deque = deque(maxlen=cfg.baseline_samples)
@@ -128,13 +127,11 @@ class JobPace:
         """The open incident holding a young baseline: from its onset until the job went on
         after it was acted on (a window beginning after the action, with a commit in its first
         sweep), for the horizon at most, so a group that never returns does not hold it for
-        ever. Its group leaving the quorum acts on it too (``left``: a dead group is never
-        evicted)."""
+        ever."""
         hist = self.history
         moved = len(hist) >= 2 and hist[1][1] > hist[0][1]  # in the window's first sweep
         for i in reversed(self._faults()):
             acted = i.evicted_at if i.evicted_at is not None else i.resolved_at
-            acted = self.left(i) if acted is None else acted
             if now - i.onset_at < self.horizon and not (
                     moved and acted is not None and hist[0][0] >= acted):
                 return i.id
@@ -142,10 +139,8 @@ class JobPace:
 
     def sample(self, now: float, incident: int | None) -> None:
         hist = self.history
-        for i in self._faults():  # what a fault that struck it young gave it before it was
-            # confirmed never enters it (its samples taken when unknown: before the onset)
-            if len(self.samples) - sum(t > i.onset_at for t in self.taken) \
-                    < self.cfg.baseline_samples // 4:
+        if self.young:  # what a fault gave it before it was confirmed never enters it
+            for i in self._faults():
                 self._drop(i.onset_at, i.detected_at)
         if len(hist) < 2 or self.frozen(now, incident):
             return

@@ -55,8 +55,7 @@ class GoodputSnapshot:
             "job_step": job.step, "job_history": list(job.history),
             "job_rids": None if job.rids is None else sorted(job.rids),
             "quorum_top": self.reader.top,
-            "baseline_samples": list(job.samples), "baseline_taken": list(job.taken),
-            "baseline": job.baseline,
+            "baseline_samples": list(job.samples), "baseline": job.baseline,
             "pace": job.ratio, "slow_since": job.slow_since,
             "last_commit_at": self.last_commit_at, "went_on_at": self.went_on_at,
             "steady": list(job.steady) if job.steady else None,
@@ -150,7 +149,6 @@ class GoodputSnapshot:
         # an older snapshot's: the job's step (the quorum's newest when it last moved on)
         led.reader.top = state.get("quorum_top", job.step)
         job.samples.extend(state["baseline_samples"])
-        job.taken.extend(state.get("baseline_taken", ()))  # an older snapshot's: not known
         steady = state["steady"]
         job.steady = (float(steady[0]), int(steady[1])) if steady else None
         for kind, cols in enumerate((state["totals"], state["gpu_totals"])):

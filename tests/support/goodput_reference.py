@@ -25,7 +25,6 @@ its group's time order (``_settle``)."""
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -252,12 +251,6 @@ class GoodputLedger:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
             self._account(view, in_quorum, deltas, job_moved, dt, now, acct)
-        for s in self.unsettled:  # an evicted group's blind time: the kill's, never paid
-            inc = self._group_incident(s.replica_group) if s.blind and s.cause == PENDING \
-                else None
-            if inc is not None and inc.evicted_at is not None and inc.onset_at < s.t1:
-                s.cause = "capacity_lost"
-                self._link(s, inc)
         # the counter never decreases: goodput taken back is paid from this sweep's first
         self.goodput_debt -= min(0.0, acct.goodput)
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
@@ -924,11 +917,6 @@ class GoodputLedger:
         hist = self.job_history
         for i in reversed(self._open_incidents()):
             acted = i.evicted_at if i.evicted_at is not None else i.resolved_at
-            grp = self.groups.get(i.replica_group)
-            if acted is None and grp is not None and i.kind not in DRAG_KINDS \
-                    and grp.last_in_quorum_at != self.last_at:  # gone from the quorum
-                acted = grp.last_in_quorum_at if grp.last_in_quorum_at is not None \
-                    else -math.inf
             went_on = acted is not None and len(hist) >= 2 and hist[0][0] >= acted \
                 and hist[1][1] > hist[0][1]
             if i.settled_pace is None and now - i.onset_at < self.horizon and not went_on:
@@ -937,24 +925,23 @@ class GoodputLedger:
 
     def _sample_baseline(self, now: float) -> None:
         """One sample (the job's mean step time over the trailing window) per healthy sweep."""
-        # the samples a fault that struck it young gave before it was found go
-        for i in self._open_incidents():
-            n = len(self.baseline_samples) - sum(t > i.onset_at for t in self.sampled_at)
-            if i.settled_pace is None and n < self.cfg.baseline_samples // 4:
-                times = list(self.sampled_at)
-                keep = [not i.onset_at < t <= i.detected_at for t in times]
-                if all(keep):
-                    continue
-                values = list(self.baseline_samples)
-                old = values[:len(values) - len(times)]  # restored: taken when unknown
-                self.baseline_samples = deque(
-                    old + list(compress(values[len(old):], keep)),
-                    maxlen=self.cfg.baseline_samples)
-                self.sampled_at = deque(compress(times, keep),
-                                        maxlen=self.cfg.baseline_samples)
-                self.baseline = statistics.median(self.baseline_samples) if len(
-                    self.baseline_samples) >= self.cfg.baseline_min_samples else None
         young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
+        if young:  # the samples an open incident's sweeps gave before it was found go
+            for i in self._open_incidents():
+                if i.settled_pace is None:
+                    times = list(self.sampled_at)
+                    keep = [not i.onset_at < t <= i.detected_at for t in times]
+                    if all(keep):
+                        continue
+                    values = list(self.baseline_samples)
+                    old = values[:len(values) - len(times)]  # restored: taken when unknown
+                    self.baseline_samples = deque(
+                        old + list(compress(values[len(old):], keep)),
+                        maxlen=self.cfg.baseline_samples)
+                    self.sampled_at = deque(compress(times, keep),
+                                            maxlen=self.cfg.baseline_samples)
+                    self.baseline = statistics.median(self.baseline_samples) if len(
+                        self.baseline_samples) >= self.cfg.baseline_min_samples else None
         hist = self.job_history
         if len(hist) < 2:
             return
@@ -1202,8 +1189,7 @@ class GoodputLedger:
                        for g, grp in self.groups.items()},
             "job_step": self.job_step, "job_history": list(self.job_history),  # the window, as monitor/goodput saves it
             "job_rids": None if self.job_rids is None else sorted(self.job_rids),
-            "baseline_samples": list(self.baseline_samples),
-            "baseline_taken": list(self.sampled_at), "baseline": self.baseline,
+            "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
             "went_on_at": self.went_on_at,
             "steady": list(self.steady) if self.steady else None,
@@ -1260,7 +1246,6 @@ class GoodputLedger:
         led.job_history.extend(tuple(x) for x in state.get("job_history") or [])
         led.job_rids = None if state.get("job_rids") is None else set(state["job_rids"])
         led.baseline_samples.extend(state.get("baseline_samples") or [])
-        led.sampled_at.extend(state.get("baseline_taken") or [])
         led.baseline = state.get("baseline")
         led.slow_since = state.get("slow_since")
         led.pace = state.get("pace")
