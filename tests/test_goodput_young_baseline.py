@@ -1,15 +1,37 @@
 """A fault before the baseline has matured (fewer than a quarter of its samples, "young"): the
 samples its sweeps gave before it was confirmed never enter the baseline, and an incident whose
 group never returns does not hold it for ever. The model job of tests/test_goodput.py, its views
-built as the service builds them (tests/test_goodput_unreached.py's ``PolledJob``)."""
+built as the service builds them: a real ViewBuilder fed each sweep's polls, a rank whose poll
+failed kept with its last answer, unreachable."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 
+from monitor.evidence.view import ViewBuilder
 from monitor.goodput import GoodputConfig, GoodputLedger
-from tests.test_goodput import STEP, check_counted, check_invariant
-from tests.test_goodput_unreached import PolledJob
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
+from tests.test_goodput import STEP, ModelJob, check_counted, check_invariant
+
+
+class PolledJob(ModelJob):
+    def __init__(self, groups: int = 3) -> None:
+        super().__init__(groups)
+        self.builder = ViewBuilder()
+
+    def polled_view(self, at, ranks):
+        polls = {url: RankPoll(url, True, data=rv.state, at=at) if rv.reachable
+                 else RankPoll(url, False, reason="timeout", error="timed out", at=at)
+                 for url, rv in ranks.items()}
+        return self.builder.update([Target(url, "static") for url in ranks], polls, now=at)
+
+    def sweep(self, ledger, dt: float = 1.0, pace: float = 1.0):
+        # ModelJob's sweep, its view built from polls instead of from scratch
+        with mock.patch("tests.test_goodput.scratch_view", self.polled_view):
+            return super().sweep(ledger, dt, pace)
 
 
 def gained(job: PolledJob, led: GoodputLedger, seconds: float, pace: float) -> float:
