@@ -53,7 +53,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.goodput_debt = 0.0
         self._revised: list[tuple[str, float]] = []  # re-judged (cause, seconds) not counted
         self.runs: list[Run] = []  # unsettled badput, a group's in time order
-        self._owed: set[int] = set()  # ids of the sweep's blind runs not yet offered payback
         # kills sent and not yet seen land: the recovery booked after them is held uncounted
         self.unsure_kills: set[int] = set()
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
@@ -77,8 +76,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         if self.since is None and first is None:
             return acct  # no job seen yet: the ledger's clock has not started
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        owed = [r for r in self.runs if r.blind and self._unpaid(r)]  # before a group back is read
-        self._owed = set(map(id, owed))
         deltas = self.reader.read(view, in_quorum, self.slots, self.hist.next, now,
                                   self.last_at is None)
         self.hist.append(now, self.slots.cum, self.job.window)
@@ -104,7 +101,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
-            self._account(view, in_quorum, deltas, owed, job_moved, dt, now, acct)
+            self._account(in_quorum, deltas, job_moved, dt, now, acct)
         self.goodput_debt -= min(0.0, acct.goodput)
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
@@ -122,12 +119,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         for r in self.runs:
             if r.t1 <= inc.onset_at:
                 continue
-            if r.blind and r.cause == PENDING:  # out of sight: only its own fault explains it
-                drag = inc.kind in DRAG_KINDS
-                if r.groups[0] != inc.replica_group or (drag and id(r) in self._owed):
-                    continue  # a slow group's commits pay for it first, when it answers
-                r.cause = "straggler_drag" if drag else "capacity_lost"
-            elif r.cause == PENDING and inc.kind == "straggler":
+            if r.cause == PENDING and inc.kind == "straggler":
                 r.cause = "straggler_drag"
             elif (r.cause == PENDING and r.idle) or (inc.kind != "straggler"
                                                       and self._provisional(r)):
@@ -204,10 +196,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
 
-    def _unpaid(self, r: Run) -> bool:
-        """Blind pending time whose group has not been in the quorum since (out of sight)."""
-        return r.cause == PENDING and not r.t0 < self.slots.last_in_quorum_at[r.slots[0]] - 1e-9
-
     def _unsure(self, r: Run) -> bool:
         return r.cause == "recovery" and r.eviction_id in self.unsure_kills
 
@@ -228,9 +216,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             S.size_unseen()
         return inside, outside, e - len(inside) - len(outside)
 
-    def _account(self, view: ClusterView, in_quorum: set[int], deltas: np.ndarray,
-                 owed: list[Run], job_moved: bool, dt: float, now: float,
-                 acct: SweepAccount) -> None:
+    def _account(self, in_quorum: set[int], deltas: np.ndarray, job_moved: bool,
+                 dt: float, now: float, acct: SweepAccount) -> None:
         t0, b, S, incs = self.last_at, self.baseline, self.slots, self.incidents
         inside, outside, unseen = self._partition(in_quorum)
         acct.accounted = True
@@ -262,10 +249,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             if len(inside):
                 self._book(self._run(t0, now, inside, [dt] * len(inside), "startup"), None, acct)
         else:
-            back = np.intersect1d(inside, [r.slots[0] for r in owed if r.cause == PENDING]
-                                  ) if owed else ()
-            if len(back):  # its commits made out of sight pay for that time, not its pace too
-                S.born[back] = self.hist.next - 1
             pace = self.hist.pace(inside, S.born, window, b) if window >= 2 * b \
                 else np.full(len(inside), np.nan)
             d = deltas[inside]
@@ -273,10 +256,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             earned = np.minimum(dt, held)
             at_pace = pace >= self.cfg.pace_threshold
             good = np.where(at_pace, dt, earned)
-            spare = held - earned
-            if len(back):
-                spare -= self._pay_blind(owed, inside, spare, acct)
-            S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, spare))
+            S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, held - earned))
             cum = S.cum[inside]
             self.judged.add(t0, now, len(S), inside, cum - d, cum, good - earned)
             self._add_good(inside, good, dt, acct)
@@ -303,45 +283,14 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             # a group never yet in the quorum, with nothing wrong found, is still starting
             if startup or (np.isnan(S.last_in_quorum_at[slot]) and inc is None):
                 cause = "startup"
-            elif _out_of_sight(view, g) and (inc is None or (
-                    inc.kind in DRAG_KINDS and inc.evicted_at is None)):
-                cause, inc = PENDING, None  # maybe committing: settled when it answers
             elif inc is None and recovering is not None:
                 cause, inc = "recovery", recovering  # a survivor between quorums
             else:
                 cause = "capacity_lost"
-            self._book(self._run(t0, now, np.array([slot]), [dt], cause,
-                                 blind=cause == PENDING), inc, acct)
+            self._book(self._run(t0, now, np.array([slot]), [dt], cause), inc, acct)
         self._book_unseen(unseen, t0, now, "startup" if startup else "capacity_lost", acct)
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
-
-    def _pay_blind(self, owed: list[Run], inside: np.ndarray, spare: np.ndarray,
-                   acct: SweepAccount) -> np.ndarray:
-        """A group back in sight: its commits beyond the sweep's credit (``spare`` seconds per
-        slot of ``inside``) are goodput of its blind time, oldest first, once; what is left
-        is its own slow fault's drag if one is open, else waits. The seconds used."""
-        at = {s: i for i, s in enumerate(inside.tolist())}
-        used = np.zeros(len(inside))
-        paid = set()
-        for r in owed:
-            i = at.get(int(r.slots[0]))
-            if i is None or r.cause != PENDING:  # still out of sight, or claimed meanwhile
-                continue
-            x = min(r.seconds[0], float(spare[i] - used[i]))
-            if x > 0:
-                used[i] += x
-                r.seconds[0] -= x
-                self._add_good(r.slots, np.array([x]), 0.0, acct)
-            inc = self.incidents.of_group(r.groups[0])
-            if r.seconds[0] <= 1e-9:
-                paid.add(id(r))
-            elif inc is not None and inc.kind in DRAG_KINDS and inc.onset_at < r.t1:
-                r.cause = "straggler_drag"
-                _link(r, inc)
-        if paid:
-            self.runs = [r for r in self.runs if id(r) not in paid]
-        return used
 
     def _end_recoveries(self, now: float) -> None:
         """A fault confirmed while the job recovers from an eviction ends that recovery at its
@@ -409,7 +358,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
     def _pending_to_stall(self, inc: Incident | None) -> None:
         for r in self.runs:
             if (r.cause == PENDING or self._provisional(r)) and self.last_commit_at is not None \
-                    and r.t0 >= self.last_commit_at - 1e-9 and not r.blind:
+                    and r.t0 >= self.last_commit_at - 1e-9:
                 r.cause = "stall"
                 _link(r, inc)
 
@@ -518,14 +467,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
     def _close_interval(self, iv: Interval) -> None:
         self.intervals.append(iv)
         self._closed_intervals.append(iv)
-
-
-def _out_of_sight(view: ClusterView, g: int) -> bool:
-    """No rank of the group answers, and none said it stopped or finished: it may be
-    training on unseen (its polls time out), not known to be out of the job."""
-    gv = view.groups.get(g)
-    return gv is not None and gv.status == "unreachable" and not any(
-        r.state and r.state.get("phase") == "stopped" for r in gv.ranks)
 
 
 def _link(r: Run, inc: Incident | None) -> None:

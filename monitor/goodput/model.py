@@ -50,8 +50,6 @@ class Run:
     eviction_id: int | None = None
     idle: bool = False  # no group committed in it
     counted: bool = False  # in a SweepAccount's badput already (else when it settles)
-    # booked pending while its group was out of sight: only its own fault or commits settle it
-    blind: bool = False
 
     def part(self, mask: np.ndarray) -> Run:
         idx = np.flatnonzero(mask)

@@ -71,7 +71,6 @@ class Slice:
     eviction_id: int | None = None
     idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
     counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
-    blind: bool = False  # pending while its group was out of sight
 
 
 class Interval(_Interval):
@@ -112,13 +111,6 @@ class _Group:
     # what _ingest_groups last read of its reachable ranks: (replica id, [RankView],
     # [commits], [world size]); a RankView object read before is not read again
     read: tuple | None = field(default=None, repr=False, compare=False)
-
-
-def _out_of_sight(view: ClusterView, g: int) -> bool:
-    """No rank of the group answers and none said it stopped or finished."""
-    gv = view.groups.get(g)
-    return gv is not None and gv.status == "unreachable" and not any(
-        r.state and r.state.get("phase") == "stopped" for r in gv.ranks)
 
 
 # --- reading a rank's state without trusting its types -------------------------------------
@@ -188,7 +180,6 @@ class GoodputLedger:
         self.goodput_debt = 0.0
         self._revised: list[Slice] = []  # re-judged slices not yet in a SweepAccount
         self.unsettled: list[Slice] = []
-        self._owed: list[Slice] = []  # the sweep's blind slices not yet offered payback
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
         self.open_intervals: dict[str, Interval] = {}  # group key -> the interval being extended
         self.incidents: dict[int, Incident] = {}
@@ -227,8 +218,6 @@ class GoodputLedger:
         if self.since is None and first is None:
             return acct  # no job seen yet: the ledger's clock has not started
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        # blind time whose group has not been in the quorum since: before a group back is read
-        self._owed = [s for s in self.unsettled if s.blind and self._unpaid(s)]
         deltas = self._ingest_groups(view, in_quorum, now)
         self._ingest_findings(view, findings, now)
         self._ingest_evictions(evictions, now)
@@ -250,7 +239,7 @@ class GoodputLedger:
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
-            self._account(view, in_quorum, deltas, job_moved, dt, now, acct)
+            self._account(in_quorum, deltas, job_moved, dt, now, acct)
         # the counter never decreases: goodput taken back is paid from this sweep's first
         self.goodput_debt -= min(0.0, acct.goodput)
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
@@ -516,13 +505,7 @@ class GoodputLedger:
         for s in self.unsettled:
             if s.t1 <= inc.onset_at:
                 continue
-            if s.blind and s.cause == PENDING:  # out of sight: its own fault's, or none
-                drag = inc.kind in DRAG_KINDS
-                if s.replica_group != inc.replica_group or (
-                        drag and any(s is o for o in self._owed)):
-                    continue  # a slow group's commits pay for it first, when it answers
-                s.cause = "straggler_drag" if drag else "capacity_lost"
-            elif s.cause == PENDING and inc.kind == "straggler":
+            if s.cause == PENDING and inc.kind == "straggler":
                 s.cause = "straggler_drag"
             elif (s.cause == PENDING and s.idle) or (inc.kind != "straggler"
                                                       and self._provisional(s)):
@@ -544,10 +527,6 @@ class GoodputLedger:
         inc = self.incidents.get(s.incident) if s.incident is not None else None
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < s.t1 - 1e-9)
-
-    def _unpaid(self, s: Slice) -> bool:
-        last = self.groups[s.replica_group].last_in_quorum_at
-        return s.cause == PENDING and (last is None or s.t0 >= last - 1e-9)
 
     def _link(self, s: Slice, inc: Incident | None) -> None:
         if inc is None:
@@ -599,8 +578,8 @@ class GoodputLedger:
         sizes = [g.gpus for g in self.groups.values() if g.gpus]
         return max(set(sizes), key=sizes.count) if sizes else None
 
-    def _account(self, view: ClusterView, in_quorum: set[int], deltas: dict[int, int],
-                 job_moved: bool, dt: float, now: float, acct: SweepAccount) -> None:
+    def _account(self, in_quorum: set[int], deltas: dict[int, int], job_moved: bool,
+                 dt: float, now: float, acct: SweepAccount) -> None:
         t0, b = self.last_at, self.baseline
         inside, outside, unseen = self._slots(in_quorum)
         acct.accounted, acct.expected_groups = True, self.expected_groups
@@ -633,29 +612,6 @@ class GoodputLedger:
             self._pending_to_stall(stall_cause)
         slow = False
         window = self.window if cut is None else min(self.window, now - cut)
-        # a group back in sight: its commits beyond this sweep pay for its blind time, oldest
-        # first (every group's before any group's goodput of the sweep), and its pace starts over
-        used: dict[int, float] = {}
-        for s in self._owed if not startup else ():
-            g = s.replica_group
-            if g not in in_quorum or s.cause != PENDING:
-                continue
-            grp = self.groups[g]
-            if g not in used:
-                grp.history = deque([grp.history[-1]])
-                used[g] = 0.0
-            held = deltas.get(g, 0) * b + grp.carry
-            x = min(s.seconds, held - min(dt, held) - used[g])
-            if x > 0:
-                used[g] += x
-                s.seconds -= x
-                self._add(g, x, 0.0, acct)
-            inc = self._group_incident(g)
-            if s.seconds > 1e-9 and inc is not None and inc.kind in DRAG_KINDS \
-                    and inc.onset_at < s.t1:
-                s.cause = "straggler_drag"
-                self._link(s, inc)
-        self.unsettled = [s for s in self.unsettled if not (s.blind and s.seconds <= 1e-9)]
         for g in inside:
             grp = self.groups[g]
             if startup:
@@ -668,7 +624,7 @@ class GoodputLedger:
             if pace is not None and pace >= self.cfg.pace_threshold:
                 good, grp.carry = dt, 0.0  # at healthy pace over the window: the whole interval
             else:
-                good, grp.carry = earned, min(b, held - earned - used.get(g, 0.0))
+                good, grp.carry = earned, min(b, held - earned)
             grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, good - earned])
             self._add(g, good, dt, acct)
             rest = dt - good
@@ -693,15 +649,11 @@ class GoodputLedger:
             first = self.groups[g].last_in_quorum_at is None and inc is None
             if startup or first:
                 cause = "startup"
-            elif _out_of_sight(view, g) and (inc is None or (
-                    inc.kind in DRAG_KINDS and inc.evicted_at is None)):
-                cause, inc = PENDING, None  # maybe committing: settled when it answers
             elif inc is None and recovering is not None:
                 cause, inc = "recovery", recovering  # a survivor between quorums
             else:
                 cause = "capacity_lost"
-            self._badput(t0, now, g, cause, dt, self.groups[g].gpus, inc, acct,
-                         blind=cause == PENDING)
+            self._badput(t0, now, g, cause, dt, self.groups[g].gpus, inc, acct)
         for _ in range(unseen):
             self._add(None, 0.0, dt, acct)
         if unseen:
@@ -772,7 +724,7 @@ class GoodputLedger:
         """Pending slow time since the last commit was the stall's beginning."""
         for s in self.unsettled:
             if (s.cause == PENDING or self._provisional(s)) and self.last_commit_at is not None \
-                    and s.t0 >= self.last_commit_at - 1e-9 and not s.blind:
+                    and s.t0 >= self.last_commit_at - 1e-9:
                 s.cause = "stall"
                 self._link(s, inc)
 
@@ -812,8 +764,8 @@ class GoodputLedger:
 
     def _badput(self, t0: float, t1: float, g: int | None, cause: str, seconds: float,
                 gpus: int | None, inc: Incident | None, acct: SweepAccount,
-                idle: bool = False, blind: bool = False) -> None:
-        s = Slice(t0, t1, g, cause, seconds, gpus, idle=idle, blind=blind)
+                idle: bool = False) -> None:
+        s = Slice(t0, t1, g, cause, seconds, gpus, idle=idle)
         self._link(s, inc)
         self.unsettled.append(s)
         # counted now unless its cause may still change (pending; idle straggler drag): those
