@@ -38,7 +38,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.hist = History()
         self.judged = Judged()
         self.reader = CommitReader()
-        self.job = JobPace(self.cfg, lambda: self.incidents.open())
+        self.job = JobPace(self.cfg)
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
         # the last that saw one with no killed incarnation in the quorum: the job went on

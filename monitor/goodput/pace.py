@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
 
 from .model import JOB_RESTART_STEPS, GoodputConfig, Incident
 
@@ -41,15 +40,11 @@ class JobPace:
     """The baseline: the rolling median of the job's mean step time, sampled only on healthy sweeps
     (a fault must not move the norm it is measured by)."""
 
-    def __init__(self, cfg: GoodputConfig, incidents: Callable[[], list[Incident]] = list
-                 ) -> None:
+    def __init__(self, cfg: GoodputConfig) -> None:
         self.cfg = cfg
-        self.incidents = incidents  # the open ones (those not settled hold a young baseline)
         self.step: int | None = None  # the newest step of a group in the quorum
         self.history: deque = deque()  # (t, job step) over the window
         self.samples: deque = deque(maxlen=cfg.baseline_samples)
-        # when the newest samples were taken (those restored from a snapshot: not known)
-        self.taken: deque = deque(maxlen=cfg.baseline_samples)
         self.baseline: float | None = None
         self.slow_since: float | None = None  # below pace, unexplained, since
         self.ratio: float | None = None
@@ -103,45 +98,19 @@ class JobPace:
             r is not None and r not in self.rids for r in rids) and (
             seen is None or self.rids.isdisjoint(seen))
 
-    @property
-    def young(self) -> bool:
-        """Fewer than a quarter of its samples: it follows a job that warms up."""
-        return len(self.samples) < self.cfg.baseline_samples // 4
-
     def frozen(self, now: float, incident: int | None) -> str | None:
         """Why the baseline takes no samples now (None: it does); ``incident``: the newest open
         one not settled."""
-        if self.young:
-            held = self._held(now)
-            return None if held is None else f"incident {held} open"
         if incident is not None and self.baseline is not None:
             return f"incident {incident} open"
-        if self.slow_since is not None and now - self.slow_since < self.horizon:
+        # a young baseline (a quarter of its samples) follows a job that warms up, slow or not
+        if len(self.samples) >= self.cfg.baseline_samples // 4 and self.slow_since is not None \
+                and now - self.slow_since < self.horizon:
             return "unexplained slowness, waiting for an explanation"
-        return None
-
-    def _faults(self) -> list[Incident]:
-        return [i for i in self.incidents() if i.settled_pace is None]
-
-    def _held(self, now: float) -> int | None:
-        """The open incident holding a young baseline: from its onset until the job went on
-        after it was acted on (a window beginning after the action, with a commit in its first
-        sweep), for the horizon at most, so a group that never returns does not hold it for
-        ever."""
-        hist = self.history
-        moved = len(hist) >= 2 and hist[1][1] > hist[0][1]  # in the window's first sweep
-        for i in reversed(self._faults()):
-            acted = i.evicted_at if i.evicted_at is not None else i.resolved_at
-            if now - i.onset_at < self.horizon and not (
-                    moved and acted is not None and hist[0][0] >= acted):
-                return i.id
         return None
 
     def sample(self, now: float, incident: int | None) -> None:
         hist = self.history
-        if self.young:  # what a fault gave it before it was confirmed never enters it
-            for i in self._faults():
-                self._drop(i.onset_at, i.detected_at)
         if len(hist) < 2 or self.frozen(now, incident):
             return
         span = hist[-1][0] - hist[0][0]
@@ -149,28 +118,8 @@ class JobPace:
         if steps < 3 or span < 0.9 * self.window:
             return
         self.samples.append(span / steps)
-        self.taken.append(now)
         if len(self.samples) >= self.cfg.baseline_min_samples:
             self.baseline = statistics.median(self.samples)
-
-    def _drop(self, lo: float, hi: float) -> None:
-        """Drop the samples taken in (lo, hi]; the baseline is the median of the rest, or unset
-        again with fewer than startup's."""
-        n = len(self.taken)
-        if not n or self.taken[-1] <= lo or self.taken[0] > hi:
-            return
-        values = list(self.samples)
-        kept = [(t, v) for t, v in zip(self.taken, values[-n:], strict=True)
-                if not lo < t <= hi]
-        if len(kept) == n:
-            return
-        old = values[:len(values) - n]
-        self.samples.clear()
-        self.samples.extend(old + [v for _, v in kept])
-        self.taken.clear()
-        self.taken.extend(t for t, _ in kept)
-        enough = len(self.samples) >= self.cfg.baseline_min_samples
-        self.baseline = statistics.median(self.samples) if enough else None
 
     def track_steady(self, now: float, waiting: list[Incident], open_findings: int
                      ) -> tuple[float, float] | None:
@@ -198,7 +147,6 @@ class JobPace:
         level = 1 / mean
         self.baseline = level
         self.samples.clear()
-        self.taken.clear()
         self.samples.extend([level] * self.cfg.baseline_min_samples)
         self.slow_since = None
         self.steady = None

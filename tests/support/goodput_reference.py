@@ -157,7 +157,6 @@ class GoodputLedger:
         self.job_history: deque = deque()  # (t, job step)
         self.job_rids: set[str] | None = None  # the in-quorum incarnations at job_step
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
-        self.sampled_at: deque = deque(maxlen=self.cfg.baseline_samples)  # the newest's times
         self.baseline: float | None = None
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
@@ -838,7 +837,6 @@ class GoodputLedger:
         level = 1 / mean
         self.baseline = level
         self.baseline_samples.clear()
-        self.sampled_at.clear()
         self.baseline_samples.extend([level] * self.cfg.baseline_min_samples)
         self.slow_since = None
         self.steady = None
@@ -862,38 +860,8 @@ class GoodputLedger:
                            if hist[i][0] > after and hist[i][1] > hist[i - 1][1]), start[0])
         return max(start[0], first_move)
 
-    def _young_hold(self, now: float) -> int | None:
-        """The incident holding a young baseline (or none yet): from its onset until a window
-        begins after its eviction or clearing with a commit in its first sweep, for the horizon
-        at most."""
-        hist = self.job_history
-        for i in reversed(self._open_incidents()):
-            acted = i.evicted_at if i.evicted_at is not None else i.resolved_at
-            went_on = acted is not None and len(hist) >= 2 and hist[0][0] >= acted \
-                and hist[1][1] > hist[0][1]
-            if i.settled_pace is None and now - i.onset_at < self.horizon and not went_on:
-                return i.id
-        return None
-
     def _sample_baseline(self, now: float) -> None:
         """One sample (the job's mean step time over the trailing window) per healthy sweep."""
-        young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
-        if young:  # the samples an open incident's sweeps gave before it was found go
-            for i in self._open_incidents():
-                if i.settled_pace is None:
-                    times = list(self.sampled_at)
-                    keep = [not i.onset_at < t <= i.detected_at for t in times]
-                    if all(keep):
-                        continue
-                    values = list(self.baseline_samples)
-                    old = values[:len(values) - len(times)]  # restored: taken when unknown
-                    self.baseline_samples = deque(
-                        old + list(compress(values[len(old):], keep)),
-                        maxlen=self.cfg.baseline_samples)
-                    self.sampled_at = deque(compress(times, keep),
-                                            maxlen=self.cfg.baseline_samples)
-                    self.baseline = statistics.median(self.baseline_samples) if len(
-                        self.baseline_samples) >= self.cfg.baseline_min_samples else None
         hist = self.job_history
         if len(hist) < 2:
             return
@@ -901,15 +869,13 @@ class GoodputLedger:
         steps = hist[-1][1] - hist[0][1]
         if steps < 3 or span < 0.9 * self.window:
             return  # too few steps, or not a whole window yet
-        if young and self._young_hold(now) is not None:
-            return  # held: the fault's slowness must not become the norm
-        if not young and self.baseline is not None and any(
-                i.open and i.settled_pace is None for i in self.incidents.values()):
+        if self.baseline is not None and any(i.open and i.settled_pace is None
+                                             for i in self.incidents.values()):
             return  # frozen: an incident is open (its own slowness must not become the norm)
+        young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
         if not young and self.slow_since is not None and now - self.slow_since < self.horizon:
             return  # frozen: unexplained slowness, still waiting for an explanation
         self.baseline_samples.append(span / steps)
-        self.sampled_at.append(now)
         if len(self.baseline_samples) >= self.cfg.baseline_min_samples:
             self.baseline = statistics.median(self.baseline_samples)
 
@@ -1113,12 +1079,9 @@ class GoodputLedger:
     def baseline_frozen(self) -> str | None:
         """Why the baseline takes no samples now (None: it does)."""
         opened = [i.id for i in self._open_incidents() if i.settled_pace is None]
-        young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
-        if young:
-            held = self._young_hold(self.last_at) if self.last_at is not None else None
-            return None if held is None else f"incident {held} open"
         if opened and self.baseline is not None:
             return f"incident {opened[-1]} open"
+        young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
         if not young and self.slow_since is not None and self.last_at is not None \
                 and self.last_at - self.slow_since < self.horizon:
             return "unexplained slowness, waiting for an explanation"
