@@ -614,6 +614,23 @@ def test_a_group_back_on_a_host_held_as_the_last_one_is_held_for_host_faults_onl
     assert led.held_back_on(finding("network", "h2", 5, rid="g1:b"), {"g1:a"}, clock()) is None
 
 
+def test_a_group_back_on_a_host_min_replicas_holds_is_held_too(tmp_path):
+    """A host running several groups, its quarantine held by min_replicas (draining it would
+    take them all down) while evicting one of them goes ahead: that group, back on the host
+    for a network fault, is held as under the cap, not evicted onto it again and again."""
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    led.record([finding("network", "h1", 1, rid="g1:a")], clock())
+    why = {"h1": "quarantining h1 would take down group(s) [1, 2] of the quorum, leaving 1"}
+    assert [d["reason"] for d in led.decide(clock(), None, 10, lambda: why)] == ["min_replicas"]
+    back = finding("network", "h1", 2, rid="g1:b")
+    led.record([back], clock())
+    held = led.held_back_on(back, {"g1:a"}, clock())
+    assert held is not None and "(min_replicas: quarantining h1 would take down" in held, held
+    assert led.decide(clock() + 1, None, 10, dict)[0]["decision"] == "quarantine"
+    assert led.held_back_on(back, {"g1:a"}, clock()) is None  # quarantined: evicted off it
+
+
 def test_a_host_whose_groups_the_rails_protect_is_held_then_quarantined(tmp_path):
     """Quarantining drains the host's groups, so min_replicas holds it as it holds an eviction
     (said once), until the quorum can spare them."""

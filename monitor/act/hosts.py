@@ -320,13 +320,13 @@ class HostLedger(HostActions):
                      ) -> str | None:
         """Why evicting ``f``'s group (a HOST_KINDS finding) only restarts it on a host it names:
         an earlier incarnation was evicted after such an offence there (one that still counts),
-        and ``cap`` or ``no_other_host`` holds the host's quarantine; None: nothing holds it."""
+        and a rail (not a dry run) holds the host's quarantine; None: nothing holds it."""
         if f.get("kind") not in HOST_KINDS:
             return None
         with self._lock:
             for host in culprit_hosts(f):
                 h, rail = self.hosts.get(host), self._held.get(host)
-                if h is None or h["state"] != SUSPECT or rail not in ("cap", "no_other_host"):
+                if h is None or h["state"] != SUSPECT or rail in (None, "dry_run"):
                     continue
                 before = sorted({o["data"].get("replica_id") for o in
                                  self._counting_offences(h, now) if o["kind"] in HOST_KINDS
