@@ -180,11 +180,14 @@ def cost_markdown(rep: dict) -> str:
              "| # | fault | recovery, onset -> back at pace (measured) | cost (measured) "
              "| torchft alone, same settings (computed) | torchft alone, defaults (computed) |",
              "|---|---|---|---|---|---|"]
+    # the ledger names the incident that superseded one; the table numbers faults
+    fault_of = {(f.get("cost") or {}).get("incident"): i for i, f in enumerate(rep["faults"], 1)}
     for i, f in enumerate(rep["faults"], 1):
         c = f.get("cost")
         rec = f.get("recovery_s")
         sup, level = f.get("superseded_by"), f.get("settled_pace")
-        rec_s = (f"superseded by #{sup} at {_fmt((c or {}).get('back_to_pace_s'))} (ledger)"
+        by = f"#{fault_of[sup]}" if sup in fault_of else f"incident {sup}"
+        rec_s = (f"superseded by {by} at {_fmt((c or {}).get('back_to_pace_s'))} (ledger)"
                  if sup is not None
                  else f"settled at {level:.2g}x after {rec:.1f}s (ledger)"
                  if level is not None and rec is not None

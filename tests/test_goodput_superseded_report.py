@@ -53,4 +53,9 @@ def test_the_report_shows_a_superseded_recovery_as_superseded_not_as_a_recovery_
     row = next(line for line in cost_markdown({"faults": faults}).splitlines()
                if line.startswith("| 1 |"))
     recovery_cell = row.split(" | ")[2]
-    assert recovery_cell.startswith("superseded by #5 at 12.0s (ledger)"), row
+    # incident 5 is no fault of the table's: named as the ledger's incident, not as fault #5
+    assert recovery_cell.startswith("superseded by incident 5 at 12.0s (ledger)"), row
+    other = {**f, "cost": {**f["cost"], "incident": 5}, "superseded_by": None}  # fault 2's
+    row = next(line for line in cost_markdown({"faults": [f, other]}).splitlines()
+               if line.startswith("| 1 |"))
+    assert row.split(" | ")[2].startswith("superseded by #2 at 12.0s (ledger)"), row
