@@ -232,6 +232,15 @@ def _sigterm(*_):
     raise KeyboardInterrupt
 
 
+def _reader_gone() -> bool:
+    """Whether fd 1 is a pipe whose reader closed (EPIPE came from the output, not a socket)."""
+    import select
+
+    p = select.poll()
+    p.register(1, 0)
+    return any(ev & select.POLLERR for _, ev in p.poll(0))
+
+
 def _mute(*_):
     """Point fds 1 and 2 at /dev/null: after a SIGHUP each write to the hung-up terminal fails
     (EIO), or to a pipe whose reader died with it (``| tee``: EPIPE), and would cost the cleanup
@@ -505,9 +514,13 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
             code = 130
             print("\nlightkeeper demo: interrupted; stopping everything", flush=True)
     except (ClusterError, TimeoutError, OSError) as e:
-        demo.error = str(e)
-        code = 1
-        print(f"lightkeeper demo: {e}", file=sys.stderr, flush=True)
+        if isinstance(e, BrokenPipeError) and _reader_gone():
+            _mute()  # `| head` stopped reading: the cleanup and the report go on without it
+            demo.error, code = f"its output's reader went away ({e})", 141  # 128 + SIGPIPE
+        else:
+            demo.error = str(e)
+            code = 1
+            print(f"lightkeeper demo: {e}", file=sys.stderr, flush=True)
     except Exception as e:  # a bug: stopped and reported as any failure, raised after the report
         demo.error, code, bug = f"{type(e).__name__}: {e}", 1, e
     finally:

@@ -186,3 +186,21 @@ def test_the_sweep_kills_what_runs_in_a_stale_namespace_then_removes_it():
             proc.wait()
         if (NETNS_RUN / ns).exists():
             _ip("netns", "del", ns)
+
+
+class _ClosedPipeDemo(_HungUpDemo):
+    """``lightkeeper demo | head -5``: the reader goes after its lines, with no SIGHUP; the
+    demo's next line fails (EPIPE), and so would the lines its stop prints."""
+
+    def start(self) -> None:
+        os.close(self.reader)
+        print("a line nobody reads", flush=True)
+
+    def stop(self) -> None:
+        print("stopping everything", flush=True)
+
+
+def test_a_reader_that_stops_reading_still_gets_the_report_written(piped_demo, monkeypatch):
+    monkeypatch.setattr(demo_mod, "Demo", _ClosedPipeDemo)
+    assert _piped_run(piped_demo, monkeypatch) == 141  # as a shell reports SIGPIPE
+    assert (piped_demo.dir / "report.json").exists()
