@@ -175,6 +175,8 @@ def hides_no_rank(folder: Path) -> None:
     (folder / "config.json").write_text('{"lr": 0.1}')
     (folder / "old.tar.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(20))
     (folder / "rank1.log").write_text("step 3\n")
+    (folder / "slurm-12345.out").write_text("srun: job 12345\n")  # digits no rank of the job's
+    (folder / "train.log-20261129").write_text("step 3\n")
 
 
 def may_hide_rank_2(folder: Path) -> None:

@@ -91,7 +91,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                      straggler=StragglerConfig(since_ns=since))
     result.errors = inputs.errors + loaded.errors + result.errors
     # an archive may hold the dump of a rank the groups name and no dump read gave
-    inputs.read_anyway += [e for e, s in strays if s is True or not result.unknown_ranks]
+    # a name's rank hides a dump only inside the groups' ranks, or one past them (gloo declares
+    # no world: its last rank's dump missing leaves no gap); ``slurm-12345.out`` hides none
+    world = set(result.ranks) | set(result.unknown_ranks)
+    inputs.read_anyway += [e for e, s in strays if s is True or s == "archive" and not result.unknown_ranks
+                           or isinstance(s, tuple) and s[1] not in world and s[1] > max(world, default=-1) + 1]
     notes = inputs.notes + loaded.notes
     if since is not None:
         notes.append(f"stragglers judged over the collectives enqueued since the monitor's finding began "
@@ -245,17 +249,18 @@ def _say_choice(raw: str, got: int, folders: dict[int, Path], held: dict[int, tu
                            f"yet {more} are older: --quorum {out.fuller[0]} reads them"})
 
 
-def _stray(path: str, read: Any) -> bool | str:
-    """Whether a file that failed to load can hide no rank not ``read``: False where its name's
-    digits name one (a last suffix aside: ``rank2.json.zst``) or it began as a dump (a pickle, JSON
-    holding entries); ``"archive"`` for a gzip or tar, which may hold any rank's dump (``trace.gz``),
-    so is stray only where no rank is missing; else True."""
+def _stray(path: str, read: Any) -> bool | str | tuple[str, int]:
+    """Whether a file that failed to load can hide no rank not ``read``: False where it began as a
+    dump (a pickle, JSON holding entries); ``("rank", n)`` where its name's digits name a rank not
+    read (a last suffix aside: ``rank2.json.zst``), judged against the groups' ranks; ``"archive"``
+    for a gzip or tar, which may hold any rank's dump (``trace.gz``), so is stray only where no rank
+    is missing; else True."""
     from .loader import dump_kind, rank_from_name
 
     p = Path(path)
     rank = rank_from_name(p.name)
     rank = rank_from_name(p.stem) if rank is None else rank
-    if not p.is_file() or rank is not None and rank not in read:  # a folder: not one file's
+    if not p.is_file():  # a folder: not one file's
         return False
     try:
         with open(p, "rb") as f:  # in chunks: a stray file may be a checkpoint's gigabytes
@@ -267,7 +272,11 @@ def _stray(path: str, read: Any) -> bool | str:
                 tail = chunk[-8:]
     except OSError:
         return False
-    return "archive" if kind in ("gzip", "tar") else kind != "pickle"
+    if kind == "pickle":
+        return False
+    if rank is not None and rank not in read:
+        return ("rank", rank)
+    return "archive" if kind in ("gzip", "tar") else True
 
 
 def _span(ranks: list[int]) -> str:
