@@ -241,6 +241,17 @@ def _reader_gone() -> bool:
     return any(ev & select.POLLERR for _, ev in p.poll(0))
 
 
+def _say(text: str) -> None:
+    """Print ``text``; where fd 1's reader is gone, mute the output instead of failing: what
+    follows (the stop, the report) goes on."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        _mute()
+
+
 def _mute(*_):
     """Point fds 1 and 2 at /dev/null: after a SIGHUP each write to the hung-up terminal fails
     (EIO), or to a pipe whose reader died with it (``| tee``: EPIPE), and would cost the cleanup
@@ -508,11 +519,11 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         pass
     except KeyboardInterrupt:
         if demo.keeping:  # the way --keep-running ends: the scenario itself completed
-            print("\nlightkeeper demo: stopping everything", flush=True)
+            _say("\nlightkeeper demo: stopping everything")
         else:
             demo.interrupted = True
             code = 130
-            print("\nlightkeeper demo: interrupted; stopping everything", flush=True)
+            _say("\nlightkeeper demo: interrupted; stopping everything")  # `| tee` dies with it
     except (ClusterError, TimeoutError, OSError) as e:
         if isinstance(e, BrokenPipeError) and _reader_gone():
             _mute()  # `| head` stopped reading: the cleanup and the report go on without it
@@ -531,6 +542,9 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN if old.get(signal.SIGHUP) == signal.SIG_IGN
                       else _mute)
+        if _reader_gone():  # the reader left after the last line: the stop's lines would fail
+            _mute()
+            code = code or 141
         try:
             for tr in demo.tracks:
                 tr.stop(demo.now())
@@ -548,7 +562,7 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
                 fabric.close()  # after its processes: nothing is left inside
             os.close(lock)
     summary = write_report(demo, report_dir, final=True)
-    print(summary, flush=True)
+    _say(summary)
     if args.soak:
         import json
 
@@ -558,11 +572,11 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
                            demo.samples)
         out["command"] = " ".join(["lightkeeper", *sys.argv[1:]])
         (report_dir / "soak.json").write_text(json.dumps(out, indent=1))
-        print(soak.table(out), flush=True)
+        _say(soak.table(out))
     picture = report_dir / "timeline.png"
-    print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  timeline: "
-          + (str(picture) if picture.exists() else
-             f"not drawn ({report_dir / 'timeline.error.txt'})"), flush=True)
+    _say(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  timeline: "
+         + (str(picture) if picture.exists() else
+            f"not drawn ({report_dir / 'timeline.error.txt'})"))
     for sig, handler in old.items():
         signal.signal(sig, handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -79,6 +79,9 @@ class _HungUpDemo:
             os.close(self.reader)  # from here a write to fd 1 fails (EPIPE)
         signal.raise_signal(signal.SIGHUP)
 
+    def run_scenario(self) -> None:
+        pass
+
     def stop(self) -> None:
         pass
 
@@ -200,7 +203,32 @@ class _ClosedPipeDemo(_HungUpDemo):
         print("stopping everything", flush=True)
 
 
-def test_a_reader_that_stops_reading_still_gets_the_report_written(piped_demo, monkeypatch):
-    monkeypatch.setattr(demo_mod, "Demo", _ClosedPipeDemo)
-    assert _piped_run(piped_demo, monkeypatch) == 141  # as a shell reports SIGPIPE
+class _GoneAfterTheLastLine(_ClosedPipeDemo):
+    """``| head -N`` with N past the scenario's lines: the stop's line is the first to fail."""
+
+    def start(self) -> None:
+        os.close(self.reader)
+
+
+class _GoneQuietly(_HungUpDemo):
+    """The reader leaves and nothing more is printed until the summary."""
+
+    def start(self) -> None:
+        os.close(self.reader)
+
+
+class _CtrlCWithTee(_HungUpDemo):
+    """``| tee out``, then Ctrl-C: SIGINT ends tee too, so "interrupted; stopping" fails."""
+
+    def start(self) -> None:
+        os.close(self.reader)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("demo, code", [(_ClosedPipeDemo, 141), (_GoneAfterTheLastLine, 141),
+                                        (_GoneQuietly, 141), (_CtrlCWithTee, 130)])
+def test_a_reader_that_stops_reading_still_gets_the_report_written(piped_demo, monkeypatch, demo,
+                                                                   code):
+    monkeypatch.setattr(demo_mod, "Demo", demo)
+    assert _piped_run(piped_demo, monkeypatch) == code  # 141: as a shell reports SIGPIPE
     assert (piped_demo.dir / "report.json").exists()
