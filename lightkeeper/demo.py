@@ -42,6 +42,7 @@ import tempfile
 from pathlib import Path
 
 from .demo_loop import Demo, Stop
+from .demo_output import mute, reader_gone, say
 from .scenario import Scenario, Schedule, default_faults, parse_inject, soak_faults
 
 LOCK_NAME = "lightkeeper-demo.lock"
@@ -232,42 +233,9 @@ def _sigterm(*_):
     raise KeyboardInterrupt
 
 
-def _reader_gone() -> bool:
-    """Whether fd 1 is a pipe whose reader closed (EPIPE came from the output, not a socket)."""
-    import select
-
-    p = select.poll()
-    p.register(1, 0)
-    return any(ev & select.POLLERR for _, ev in p.poll(0))
-
-
-def _say(text: str) -> None:
-    """Print ``text``; where fd 1's reader is gone, mute the output instead of failing: what
-    follows (the stop, the report) goes on."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        if not _reader_gone():
-            raise
-        _mute()
-
-
-def _mute(*_):
-    """Point fds 1 and 2 at /dev/null: after a SIGHUP each write to the hung-up terminal fails
-    (EIO), or to a pipe whose reader died with it (``| tee``: EPIPE), and would cost the cleanup
-    and the report. A file is muted too: demo.log keeps the lines."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        for fd in (1, 2):
-            with contextlib.suppress(OSError):
-                os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
 def _hangup(*_):
     """SIGHUP, the terminal closed: a Ctrl-C whose output goes nowhere."""
-    _mute()
+    mute()
     raise KeyboardInterrupt
 
 
@@ -519,14 +487,14 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         pass
     except KeyboardInterrupt:
         if demo.keeping:  # the way --keep-running ends: the scenario itself completed
-            _say("\nlightkeeper demo: stopping everything")
+            say("\nlightkeeper demo: stopping everything")
         else:
             demo.interrupted = True
             code = 130
-            _say("\nlightkeeper demo: interrupted; stopping everything")  # `| tee` dies with it
+            say("\nlightkeeper demo: interrupted; stopping everything")  # `| tee` dies with it
     except (ClusterError, TimeoutError, OSError) as e:
-        if isinstance(e, BrokenPipeError) and _reader_gone():
-            _mute()  # `| head` stopped reading: the cleanup and the report go on without it
+        if isinstance(e, BrokenPipeError) and reader_gone():
+            mute()  # `| head` stopped reading: the cleanup and the report go on without it
             demo.error, code = f"its output's reader went away ({e})", 141  # 128 + SIGPIPE
         else:
             demo.error = str(e)
@@ -541,9 +509,9 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN if old.get(signal.SIGHUP) == signal.SIG_IGN
-                      else _mute)
-        if _reader_gone():  # the reader left after the last line: the stop's lines would fail
-            _mute()
+                      else mute)
+        if reader_gone():  # the reader left after the last line: the stop's lines would fail
+            mute()
             code = code or 141
         try:
             for tr in demo.tracks:
@@ -562,7 +530,7 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
                 fabric.close()  # after its processes: nothing is left inside
             os.close(lock)
     summary = write_report(demo, report_dir, final=True)
-    _say(summary)
+    say(summary)
     if args.soak:
         import json
 
@@ -572,9 +540,9 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
                            demo.samples)
         out["command"] = " ".join(["lightkeeper", *sys.argv[1:]])
         (report_dir / "soak.json").write_text(json.dumps(out, indent=1))
-        _say(soak.table(out))
+        say(soak.table(out))
     picture = report_dir / "timeline.png"
-    _say(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  timeline: "
+    say(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  timeline: "
          + (str(picture) if picture.exists() else
             f"not drawn ({report_dir / 'timeline.error.txt'})"))
     for sig, handler in old.items():
