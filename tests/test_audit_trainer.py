@@ -128,10 +128,10 @@ def test_a_worker_server_variable_it_cannot_read_is_one_line_not_a_traceback():
 def test_an_unreachable_lighthouse_is_one_line_not_a_traceback():
     port = 1  # nothing listens on port 1: refused
     res = lightkeeper("train", "--lighthouse", f"http://127.0.0.1:{port}",
-                      "--num-replica-groups", "1", "--connect-timeout", "2")
+                      "--num-replica-groups", "1", "--connect-timeout", "1")
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert (f"lightkeeper train: error: torchft's Manager did not start: failed to connect to "
-            f"http://127.0.0.1:{port} within timeout of 2s") in res.stderr, res.stderr[-2000:]
+            f"http://127.0.0.1:{port} within timeout of 1s") in res.stderr, res.stderr[-2000:]
 
 
 def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp_path):

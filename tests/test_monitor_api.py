@@ -352,15 +352,15 @@ def test_a_whole_job_gone_without_a_word_is_counted_lost(tmp_path, lighthouse_he
     a SIGKILL): Prometheus stops scraping them once they are forgotten, so only the monitor's
     count can alert (LightkeeperRanksLost). Unless the Lighthouse still hears them: then the
     monitor is the one cut off (its ranks' registrations lost too), and the job lives on."""
-    job = SimJob(2)
-    mon = make_monitor(tmp_path, job.sim, job, register=True, forget_after_s=3.0)
+    job = SimJob(2, heartbeat_timeout_ms=1000)
+    mon = make_monitor(tmp_path, job.sim, job, register=True, forget_after_s=2.0)
     try:
         for r in job.sim.ranks:
             requests.post(mon.url + "/v1/targets", json={"url": r.url}, timeout=5)
         wait_until(lambda: sum(r["reachable"] for r in _ranks(mon).values()) == 2, 10,
                    what="2 registered ranks up")
         if not lighthouse_hears_them:
-            job.alive.clear()  # their heartbeats stop with them (2 s timeout)
+            job.alive.clear()  # their heartbeats stop with them (1 s timeout)
         for r in job.sim.ranks:
             r.set_mode("down")
         wait_until(lambda: not _ranks(mon), 15, what="both forgotten")

@@ -147,15 +147,15 @@ def test_a_host_gone_dark_during_a_dump_fetch_is_found_before_the_fetch_timeout(
 def test_a_rank_whose_dumps_wedge_is_left_alone_while_its_peers_looks_go_on(tmp_path, job,
                                                                              monkeypatch):
     """One rank's dumps stop answering, its state does not: it is asked at its bound, then
-    for the whole ``--fr-timeout`` (1.5 s), then left alone (2 s here, then 4 s) while the
-    other ranks' dumps are read at each look, 1 s apart; once it answers again, its dumps are
-    read again after its rest. Without the rest, every look would ask it and wait 1.5 s."""
-    monkeypatch.setattr(fr_bound, "REST_S", 2.0)
+    for the whole ``--fr-timeout`` (1.5 s), then left alone (1.5 s here, then 3 s) while the
+    other ranks' dumps are read at each look, half a second apart; once it answers again, its
+    dumps are read again after its rest. Without the rest, every look would ask it and wait."""
+    monkeypatch.setattr(fr_bound, "REST_S", 1.5)
     mon = Monitor(MonitorConfig(
         port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
         sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
         targets=job.sim.urls, fr_timeout_s=1.5,
-        detectors=DetectorConfig(fr_interval_s=1.0), rails=RailsConfig(dry_run=True))).start()
+        detectors=DetectorConfig(fr_interval_s=0.5), rails=RailsConfig(dry_run=True))).start()
     try:
         ranks = job.sim.ranks
         wait_until(lambda: all(r.fr_answered for r in ranks), 15, what="every rank's dump")

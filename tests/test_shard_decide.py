@@ -32,9 +32,11 @@ def etcd_url(tmp_path):
 
 
 def _shard(tmp_path, sim: SimRanks, etcd_url: str, index: int = 0, shards: int = 1,
-           bundles: bool = False, more: tuple[str, ...] = (), **rails) -> Monitor:
+           bundles: bool = False, more: tuple[str, ...] = (), lease_ttl_s: int = 5,
+           **rails) -> Monitor:
     """Shard ``index``/``shards`` on the real etcd, its ranks ``sim``'s (and the targets
-    ``more``); --dead-sweeps 10: no group is judged gone while a test runs."""
+    ``more``); --dead-sweeps 10: no group is judged gone while a test runs. A test that waits
+    for the lease to lapse takes the shortest TTL etcd grants (2 s): it waits that TTL out."""
     mon = Monitor(MonitorConfig(
         port=0, state_path=str(tmp_path / f"m{index}.sqlite"), targets=[*sim.urls, *more],
         job="sim",
@@ -42,7 +44,7 @@ def _shard(tmp_path, sim: SimRanks, etcd_url: str, index: int = 0, shards: int =
         detectors=DetectorConfig(dead_sweeps=10),
         rails=RailsConfig(min_replicas=1, cooldown_s=0, **rails),
         shard=ShardConfig(shards=shards, index=index, etcd=etcd_url, etcd_prefix=PREFIX,
-                          lease_ttl_s=5)))
+                          lease_ttl_s=lease_ttl_s)))
     mon.lighthouse_reader.close()
     mon.lighthouse_reader = _Reader()
     return mon
@@ -406,7 +408,7 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
     its min replicas met, killed a group no rank of which answers."""
     sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
     etcd = Etcd(etcd_url)
-    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), lease_ttl_s=2)
     rid = "replica_group_3:sim"
     lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
     leader = _leader(mon, lighthouse)
@@ -441,7 +443,7 @@ def test_a_finding_resolved_across_a_lapse_is_no_kill(tmp_path, etcd_url, monkey
     on a finding no longer open. The next sweep withdraws it."""
     sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
     etcd = Etcd(etcd_url)
-    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",))
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), lease_ttl_s=2)
     rid = "replica_group_3:sim"
     lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
     leader = _leader(mon, lighthouse)
