@@ -129,24 +129,6 @@ def _quorum_stall(groups: list, threshold: float) -> tuple[dict, set, float] | N
     return per_group, steps, longest
 
 
-def _requorum(groups: list) -> dict | None:
-    """Every rank of every group in torchft's quorum call or healing (phase ``quorum`` or
-    ``healing``): per group; None otherwise."""
-    per_group: dict[str, Any] = {}
-    for gv in groups:
-        fresh = [r for r in gv.ranks if r.fresh]
-        if not fresh or len(gv.reachable) != len(gv.ranks) \
-                or any(r.state.get("phase") not in ("quorum", "healing") for r in fresh):
-            return None
-        waits = [s for r in fresh if (s := current_wait(r.state)[1]) is not None]
-        per_group[str(gv.replica_group)] = {
-            "step": gv.step, "waiting_s": round(max(waits), 3) if waits else None,
-            "phase": "healing" if any(r.state.get("phase") == "healing" for r in fresh)
-            else "quorum", "ranks": sorted(r.rank for r in fresh if r.rank is not None),
-            "hosts": sorted(gv.hosts)}
-    return per_group
-
-
 JOIN_SLACK_S = 5.0  # a joiner's wait may have begun this much before the others' collective
 
 
@@ -218,10 +200,6 @@ class JobWide:
         # the last sweep that read it (a long sweep or --interval notices an outage late)
         self._lh_out: tuple[int | None, int | None, float, bool] | None = None
         self._lh_read_at: float | None = None  # the last sweep whose ranks read the Lighthouse
-        self._top_at: tuple[int | None, float] | None = None  # (the newest step, since when)
-        # rank -> (its incarnation, the start of the first quorum attempt seen since the job's
-        # last commit, while it has shown no step's work since)
-        self._asks: dict[int, tuple[str | None, float]] = {}
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
@@ -341,8 +319,6 @@ class JobWide:
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
         top = max((gv.step for gv in groups if gv.step is not None), default=None)
-        slack = max(JOIN_SLACK_S, 3 * (view.median_step_seconds() or 0.0))
-        again = self._asked_again(groups, top, now, slack)
         if was is None:
             self._unseen = 0
         elif (over := self._stall_over(was, top, view, blind)) is not None:
@@ -368,18 +344,6 @@ class JobWide:
         if shape is None and lh_blamed and (waiting := _quorum_stall(groups, threshold)):
             shape, longest = (waiting[0], waiting[1], []), waiting[2]
             where = "blocked across groups (in the collective or its quorum call)"
-        requorum = False
-        lh_q = lighthouse.quorum_id if lighthouse is not None else None
-        forming = lh_q is not None and view.quorum_id is not None and lh_q > view.quorum_id
-        if shape is None and again and not lh_down and not forming and top is not None \
-                and (since := now - self._top_at[1]) >= threshold \
-                and (waiting := _requorum(groups)) is not None \
-                and not _joining(view, groups, lighthouse, any_phase=True, full=full):
-            # the Lighthouse up, no new quorum forming, yet torchft's attempt failed and it
-            # asks again with the same groups: stopped for good
-            shape, longest, requorum = (waiting, {top}, []), since, True
-            where = ("in torchft's quorum (or healing) with no step committed, a rank asking "
-                     "for its quorum again (torchft's attempt failed)")
         if shape is None:  # e.g. between quorums: an open one stays open until a step moves
             if was is None:
                 early, _, _, waits = hang.stall(view, now, STALL_SUSPECT)
@@ -416,9 +380,7 @@ class JobWide:
                            "the ranks, on torch's debug server only, showed its last read as "
                            "their step: a wait for their quorum and a network fault could not be "
                            "told apart"),
-               "network": ("a rank that cannot reach its peers fails its process group's "
-                           "configuration, and the quorum re-forms with the same groups")
-                          if requorum else "a network fault makes every group wait alike"
+               "network": "a network fault makes every group wait alike"
                           + (f"; the Lighthouse does not answer the monitor, but {reached}: the "
                              "ranks reach it" if reached else "")}[cause]
         ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
@@ -434,30 +396,6 @@ class JobWide:
               "hosts": hosts, "probe": None,
               "replica_ids": {str(gv.replica_group): gv.replica_id for gv in groups}}
         return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
-
-    def _asked_again(self, groups: list, top: int | None, now: float, slack: float) -> bool:
-        """A rank of the quorum seen in one quorum attempt and, with no step committed and no
-        step's work seen since, in a new one begun over ``slack`` later: torchft's attempt
-        failed (its process group not configured) and it asks again. A rejoin after a failed
-        step asks once, its failed step's collective seen in between."""
-        if self._top_at is None or self._top_at[0] != top:
-            self._top_at, self._asks = (top, now), {}
-        again = False
-        for gv in groups:
-            for r in gv.ranks:
-                if not r.fresh or r.rank is None:
-                    continue
-                secs = current_wait(r.state)[1]
-                if r.state.get("phase") != "quorum" or secs is None:
-                    if r.state.get("phase") != "healing":
-                        self._asks.pop(r.rank, None)  # a step's work: a new attempt is due
-                    continue
-                rid, first = self._asks.get(r.rank) or (None, None)
-                if first is None or rid != gv.replica_id:
-                    self._asks[r.rank] = (gv.replica_id, now - secs)
-                elif now - secs > first + slack:
-                    again = True
-        return again
 
     def _stall_over(self, was: Finding, top: int | None, view: ClusterView,
                     blind: bool = False) -> str | None:
