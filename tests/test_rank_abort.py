@@ -129,6 +129,34 @@ def test_a_worker_server_without_a_manager_answers_409_over_http():
         srv.stop()
 
 
+@pytest.mark.parametrize("phase", ["optimizer", "quorum", "forward"])
+def test_a_rank_told_after_its_collective_failed_aborts_nothing(phase):
+    """The monitor tells survivors one after another; the first abort fails the others'
+    collective within milliseconds, so one told later is already in its next step (its published
+    quorum still the old one). Its abort failed that step: torchft skipped its allreduce and every
+    peer waited out the group's timeout (20 s in the demo). Out of the collective: 409, no report."""
+    class PG:
+        pass
+
+    manager = FakeManager(PG())
+    srv = WorkerServer(RankState(RankIdentity()), exit_token=TOKEN).serve()
+    try:
+        srv.attach(manager)
+        srv.state.set_phase(phase)
+        r = requests.post(srv.url + "/v1/abort", json={"reason": "peer gone"}, headers=AUTH,
+                          timeout=5)
+        assert r.status_code == 409, r.text
+        assert r.json()["error"] == (f"nothing to abort: moved on: this rank is in phase {phase}, "
+                                     "not blocked in the cross-group collective")
+        assert manager.reported == []
+        srv.state.set_phase("allreduce")  # blocked in it: aborted
+        r = requests.post(srv.url + "/v1/abort", json={"reason": "peer gone"}, headers=AUTH,
+                          timeout=5)
+        assert r.status_code == 202 and len(manager.reported) == 1, r.text
+    finally:
+        srv.stop()
+
+
 # --- abort_cross_group per process-group type --------------------------------------------
 
 def test_nothing_to_abort_without_a_manager_or_a_group():

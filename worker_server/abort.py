@@ -423,7 +423,8 @@ def abort_cross_group(manager: Any, reason: str, decision: int | None = None,
                                                   else "")
     try:
         manager.report_error(RuntimeError(said))
-        # torchft clears it at the next quorum: between steps, nothing is lost
+        # torchft clears it at the next quorum; a rank out of the collective is refused before
+        # (WorkerServer.abort): reported in the next step, it would fail that one
         told = "reported to the Manager (the step in progress, if any, will not commit)"
     except Exception as e:
         told = f"reporting to the Manager failed ({type(e).__name__}: {e})"

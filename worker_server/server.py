@@ -40,7 +40,7 @@ from http_serving import (
     url_list,
 )
 
-from .abort import GlooConnections, abort_cross_group, watch_manager
+from .abort import GlooConnections, NothingToAbort, abort_cross_group, watch_manager
 from .app import EXIT_AUTH, create_app
 from .autostart import say
 from .flight_recorder import IncarnationTracker, fr_dump
@@ -366,8 +366,15 @@ class WorkerServer:
               quorum_id: int | None = None) -> dict[str, Any]:
         """``POST /v1/abort``: fail a collective blocked in the attached Manager's cross-group
         process group now (:func:`worker_server.abort.abort_cross_group`); the process goes on.
-        Raises :class:`~worker_server.abort.NothingToAbort` when no Manager is attached."""
+        Raises :class:`~worker_server.abort.NothingToAbort` when no Manager is attached, or the
+        rank is not in the cross-group collective (phase ``allreduce``) any more."""
         manager = self._manager() if self._manager is not None else None
+        # told late (another survivor's abort failed its step first), the rank is in its next
+        # step: an abort now would fail that one, and its peers would wait out the group's timeout
+        phase = self.state.phase
+        if manager is not None and phase != "allreduce":
+            raise NothingToAbort(f"moved on: this rank is in phase {phase}, not blocked in the "
+                                 "cross-group collective")
         # the quorum this rank last published is the one the monitor saw it blocked in: its
         # Manager may be a quorum further inside that same step (the state catches up at the
         # step's end), so only a newer published quorum says it moved on
