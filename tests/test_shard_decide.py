@@ -385,6 +385,16 @@ def test_a_shard_cut_off_from_a_group_heard_under_a_new_id_stays_blind(tmp_path,
         sim.stop()
 
 
+def _lapsing(tmp_path, etcd_url):
+    """A shard on a 2 s lease (the shortest etcd grants) and a leader whose Lighthouse holds
+    group 3's kill (min replicas): (ranks, etcd, shard, Lighthouse, leader)."""
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    etcd = Etcd(etcd_url)
+    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), lease_ttl_s=2)
+    lighthouse = _Lighthouse(["replica_group_3:sim"])
+    return sim, etcd, mon, lighthouse, _leader(mon, lighthouse)
+
+
 def _hold_a_proposal(mon, leader, lighthouse, rid: str) -> None:
     """Group 3's mismatch proposed; the leader holds it (min replicas)."""
     for _ in range(2):
@@ -401,12 +411,8 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
     shard's sweeps stall past its lease's TTL. Its first report back (a new lease: not acting
     yet) must still list the proposal out of sight; before, it listed none and the leader,
     its min replicas met, killed a group no rank of which answers."""
-    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
-    etcd = Etcd(etcd_url)
-    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), lease_ttl_s=2)
+    sim, etcd, mon, lighthouse, leader = _lapsing(tmp_path, etcd_url)
     rid = "replica_group_3:sim"
-    lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
-    leader = _leader(mon, lighthouse)
     try:
         _hold_a_proposal(mon, leader, lighthouse, rid)
         for r in sim.group(3):
@@ -436,12 +442,8 @@ def test_a_finding_resolved_across_a_lapse_is_no_kill(tmp_path, etcd_url, monkey
     than the lease). That sweep withdraws nothing, so its report (a new lease, the same run)
     must not vouch for group 3's proposal: before, the leader, the quorum whole, killed group 3
     on a finding no longer open. The next sweep withdraws it."""
-    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
-    etcd = Etcd(etcd_url)
-    mon = _shard(tmp_path, sim, etcd_url, evict_kinds=("mismatch",), lease_ttl_s=2)
+    sim, etcd, mon, lighthouse, leader = _lapsing(tmp_path, etcd_url)
     rid = "replica_group_3:sim"
-    lighthouse = _Lighthouse([rid])  # min replicas holds the first kill
-    leader = _leader(mon, lighthouse)
 
     def lapsed() -> None:  # no sweep for longer than the TTL: etcd drops the report
         wait_until(lambda: etcd.get(f"{ROOT}shards/0") is None,
