@@ -246,6 +246,23 @@ def test_stacks_show_every_thread_text_and_json(server):
         blocker.set()
 
 
+def test_stacks_are_read_with_the_collector_off(server, monkeypatch):
+    """CPython 3.11's ``sys._current_frames()`` builds frame objects holding the interpreter's
+    thread-list lock; a collection they set off that frees a ``threading.local`` takes the lock
+    again and the process deadlocks (a test run hung so; a loop of it beside threads dropping
+    locals in cycles hangs in seconds at ``gc.set_threshold(20)``). No collection may run in it,
+    and the collector is on again after."""
+    import gc
+    import sys
+
+    seen = []
+    real = sys._current_frames
+    monkeypatch.setattr(sys, "_current_frames", lambda: seen.append(gc.isenabled()) or real())
+    assert gc.isenabled()
+    assert requests.get(server.url + "/v1/stacks", timeout=2).status_code == 200
+    assert seen == [False] and gc.isenabled()
+
+
 def test_failing_endpoint_is_500_and_server_keeps_serving():
     def broken(*_a, **_k):
         raise RuntimeError("ring buffer exploded")

@@ -6,17 +6,32 @@ while blocked in a collective (gloo/NCCL waits, ``Event.wait``), so this answers
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import traceback
 from typing import Any
 
 
+def current_frames() -> dict[int, Any]:
+    """``sys._current_frames()`` with the collector off: CPython 3.11 builds the frames' objects
+    holding the interpreter's thread-list lock, and a collection they set off that frees a
+    ``threading.local`` takes that lock again: the process deadlocked, the rank's training
+    with it (as later CPythons do, no collection runs during it)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if was:
+            gc.enable()
+
+
 def thread_stacks() -> list[dict[str, Any]]:
     """One record per live thread: name, ident, daemon flag and frames (outermost first)."""
     threads = {t.ident: t for t in threading.enumerate()}
     out = []
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in current_frames().items():
         t = threads.get(ident)
         frames = [
             {"file": fs.filename, "line": fs.lineno, "function": fs.name, "code": fs.line or ""}
