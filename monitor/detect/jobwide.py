@@ -233,8 +233,7 @@ class JobWide:
         members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
-            self._changed_at = max((gv.step for gv in groups if gv.step is not None),
-                                   default=None)
+            self._changed_at = view.newest_step()
         if len(groups) < 2 and (size := quorum_size(view, self.cfg.dead_sweeps)) < 2:
             # one group left (or none): nothing job-wide, once it lasts --dead-sweeps (a heal's
             # sweep is no shrink); out-of-sight groups' own findings explain it even when blind
@@ -318,7 +317,7 @@ class JobWide:
         self._stall_suspected = False
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
-        top = max((gv.step for gv in groups if gv.step is not None), default=None)
+        top = view.newest_step()
         if was is None:
             self._unseen = 0
         elif (over := self._stall_over(was, top, view, blind)) is not None:

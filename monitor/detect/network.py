@@ -189,11 +189,6 @@ def _cut_off(hosts: list[str], links: list[Link]) -> Verdict:
     return out
 
 
-def _newest(view: ClusterView) -> int | None:
-    """The newest step of the quorum's groups."""
-    return max((gv.step for gv in view.in_quorum() if gv.step is not None), default=None)
-
-
 class Network:
     def __init__(self, cfg: ProbeConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
@@ -212,7 +207,7 @@ class Network:
         if not jobs and not pending:
             # recovered only once a step committed since the finding opened: a job stopped for
             # good (its quorum re-forming and failing) may close every job-wide finding
-            top = _newest(view)
+            top = view.newest_step()
             for key, f in list(findings.open.items()):
                 if key[0] == "network" and ((s := f.evidence.get("step")) is None
                                             or top is not None and top > s):
@@ -279,7 +274,7 @@ class Network:
             was = findings.open.get(("network", gv.replica_group, gv.replica_id))
             charged = set(was.evidence.get("charged_hosts") or ()) if was is not None else set()
             ev["charged_hosts"] = sorted(charged | set(hosts))
-            ev["step"] = was.evidence.get("step") if was is not None else _newest(view)
+            ev["step"] = was.evidence.get("step") if was is not None else view.newest_step()
             ranks = sorted(r for h in hosts for r in on[h])
             new.append(findings.confirm("network", gv, ranks, ev, first, now, view))
             if was is not None and (added := set(hosts) - charged):

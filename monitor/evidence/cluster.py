@@ -86,6 +86,10 @@ class ClusterView:
         """Groups with a reachable rank in the newest quorum that take part in it."""
         return list(self._in_quorum)
 
+    def newest_step(self) -> int | None:
+        """The newest step of the groups in the newest quorum; None: none reports one."""
+        return max((g.step for g in self._in_quorum if g.step is not None), default=None)
+
     @cached_property
     def _in_quorum(self) -> list[GroupView]:
         q = self.quorum_id
