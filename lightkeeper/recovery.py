@@ -353,6 +353,10 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
       gone between two collectives (``blocked`` false: no survivor was seen held, so none was
       told to abort) leaves them waiting only for the Lighthouse to stop hearing it.
 
+    ``job_steps`` is the measured cost's quantity (:func:`measured_cost`): replica-seconds lost
+    x ``healthy_rate`` / ``groups``, so a group's capacity lost after a stall counts, as the
+    ledger's ``capacity_lost`` does.
+
     Returns None for other kinds (torchft handles a crash itself), without a horizon, or for a
     straggler whose phase was not slower than the healthy one (the machine's pace changed)."""
     kind = (fault.get("spec") or "").split(":", 1)[0]
@@ -364,6 +368,10 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
     join = float(settings["join_timeout_ms"]) / 1000.0
     basis = (f"process-group timeout {pg:g} s, quorum timeout {qt:g} s, Lighthouse join "
              f"timeout {join:g} s")
+
+    def steps(lost: float) -> int | None:
+        return None if not healthy_rate else round(lost / e * healthy_rate)
+
     if kind == "hang":
         if join >= qt:
             dies = pg + qt
@@ -373,8 +381,7 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
                                "waiting for the hung group)",
                     "stall_s": round(min(dies, horizon_s), 1), "recovery_s": None,
                     "replica_seconds": round(lost, 1),
-                    "job_steps": None if not healthy_rate else round(horizon_s * healthy_rate),
-                    "per_hour_after_replica_s": e * 3600.0}
+                    "job_steps": steps(lost), "per_hour_after_replica_s": e * 3600.0}
         stall = pg + join
         cut = min(stall, horizon_s)
         lost = e * cut + max(0.0, horizon_s - stall)
@@ -383,39 +390,36 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
                            "to the end (the hung group never returns)",
                 "stall_s": round(stall, 1), "recovery_s": round(stall, 1),
                 "replica_seconds": round(lost, 1),
-                "job_steps": None if not healthy_rate else round(cut * healthy_rate),
-                "per_hour_after_replica_s": 3600.0}
+                "job_steps": steps(lost), "per_hour_after_replica_s": 3600.0}
     if kind == "partition":
         return {"source": "computed from the job's timeouts", "basis": basis,
                 "outcome": f"the job stops for good: every {pg:g} s the process group times "
                            "out and the quorum re-forms with the same groups",
                 "stall_s": round(horizon_s, 1), "recovery_s": None,
-                "replica_seconds": round(e * horizon_s, 1),
-                "job_steps": None if not healthy_rate else round(horizon_s * healthy_rate),
+                "replica_seconds": round(e * horizon_s, 1), "job_steps": steps(e * horizon_s),
                 "per_hour_after_replica_s": e * 3600.0}
     if kind == "host_offline":
         hb = float(settings.get("heartbeat_timeout_ms", 5000)) / 1000.0
         wait = pg if blocked else hb
-        cut = min(wait, horizon_s)
+        lost = e * min(wait, horizon_s) + max(0.0, horizon_s - wait)
         why = "the process-group timeout" if blocked else \
             "the Lighthouse's heartbeat timeout: it went between two collectives"
         return {"source": "computed from the job's timeouts", "basis": basis,
                 "outcome": f"the job stalls {wait:g} s ({why}), then trains on {e - 1} of {e} "
                            "groups",
                 "stall_s": round(wait, 1), "recovery_s": round(wait, 1),
-                "replica_seconds": round(e * cut + max(0.0, horizon_s - wait), 1),
-                "job_steps": None if not healthy_rate else round(cut * healthy_rate),
+                "replica_seconds": round(lost, 1), "job_steps": steps(lost),
                 "per_hour_after_replica_s": 3600.0}
     if kind in ("slow", "slow_compute", "slow_link"):
         if not healthy_rate or slow_rate is None or slow_rate >= 0.95 * healthy_rate:
             return None  # no slower than the healthy phase: the box's own pace changed
         frac = 1.0 - slow_rate / healthy_rate
+        lost = e * horizon_s * frac
         what = "slow link" if kind == "slow_link" else "straggler"
         return {"source": f"computed from the {what}'s measured pace", "basis":
                 f"the job at {slow_rate:.2f} steps/s with the {what} vs {healthy_rate:.2f} "
                 "healthy; torchft never removes a slow group",
                 "outcome": "drags the job to the end of the run", "stall_s": 0.0,
-                "recovery_s": None, "replica_seconds": round(e * horizon_s * frac, 1),
-                "job_steps": round(horizon_s * (healthy_rate - slow_rate)),
+                "recovery_s": None, "replica_seconds": round(lost, 1), "job_steps": steps(lost),
                 "per_hour_after_replica_s": round(e * 3600.0 * frac, 1)}
     return None

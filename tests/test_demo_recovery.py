@@ -133,7 +133,7 @@ def test_torchft_alone_hang_at_the_demo_settings_and_at_defaults():
     # 20 s process-group timeout + 1 s join timeout, all 3 groups idle; then 1 group lost
     assert a["stall_s"] == 21.0 and a["recovery_s"] == 21.0
     assert a["replica_seconds"] == pytest.approx(3 * 21 + 79)
-    assert a["job_steps"] == 105
+    assert a["job_steps"] == round(142 / 3 * 5)  # the lost group's 79 s count, not the stall's
     d = recovery.torchft_alone(HANG, groups=3, horizon_s=100.0, healthy_rate=5.0,
                                slow_rate=None, settings=recovery.TORCHFT_DEFAULTS)
     assert "dies at +120 s" in d["outcome"] and d["recovery_s"] is None
@@ -176,7 +176,7 @@ def test_torchft_alone_partition_never_recovers_and_a_host_offline_waits_the_tim
                                  settings=DEMO)
     # the survivors wait the 20 s process-group timeout, then one group's capacity is lost
     assert off["stall_s"] == off["recovery_s"] == 20.0
-    assert off["replica_seconds"] == pytest.approx(3 * 20 + 30) and off["job_steps"] == 80
+    assert off["replica_seconds"] == pytest.approx(3 * 20 + 30) and off["job_steps"] == 120
     # gone between two collectives (no survivor held, none told to abort): torchft's own
     # quorum goes on once the Lighthouse stops hearing it, not after the 20 s timeout
     between = recovery.torchft_alone({"replica_group": 0, "spec": "host_offline:at_step=40"},
@@ -186,6 +186,25 @@ def test_torchft_alone_partition_never_recovers_and_a_host_offline_waits_the_tim
                                      blocked=False)
     assert between["stall_s"] == 1.0 and "heartbeat timeout" in between["outcome"]
     assert between["replica_seconds"] == pytest.approx(3 * 1 + 49)
+
+
+def test_torchft_alone_job_steps_are_the_measured_costs_job_steps():
+    """Every kind's job steps are its replica-seconds turned into job steps as the measured
+    cost's are (/ healthy step time / groups): after a hang's or a gone host's stall the lost
+    group's capacity counts (the ledger's capacity_lost), not the stall alone."""
+    rate = 4.0
+    for spec, slow, settings in (("hang:at_step=40", None, DEMO),
+                                 ("hang:at_step=40", None, recovery.TORCHFT_DEFAULTS),
+                                 ("host_offline:at_step=40", None, DEMO),
+                                 ("partition:at_step=40", None, DEMO),
+                                 ("slow_compute:delay=0.6", 1.0, DEMO)):
+        alone = recovery.torchft_alone({"replica_group": 0, "spec": spec}, groups=3,
+                                       horizon_s=50.0, healthy_rate=rate, slow_rate=slow,
+                                       settings=settings)
+        inc = {"id": 1, "cost": {"replica_seconds": alone["replica_seconds"],
+                                 "group_steps": alone["replica_seconds"] * rate}}
+        measured = recovery.measured_cost(inc, T0, groups=3)
+        assert alone["job_steps"] == round(measured["job_steps"]), (spec, settings)
 
 
 def test_a_job_wide_stall_a_fault_caused_is_its_cost_and_its_detection():
