@@ -183,6 +183,7 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
 
     faults, end = rep["faults"], rep["duration_s"]
     series = commit_series(samples)
+    healthy = rep.get("healthy_step_rate")
     rows = []
     for f in faults:
         onset, det = f.get("struck_at_s"), f.get("detected_at_s")
@@ -204,9 +205,11 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
             "host_quarantined": f.get("host_quarantined_at_s") is not None,
             "restarted_on": f.get("restarted_on"),
             "torchft_alone": tf.get("outcome"),
-            "torchft_alone_steps_lost": tf.get("job_steps"),
+            # commits lost, as ``steps_lost``: a fault it recovers from costs its stall (its
+            # ``job_steps`` also count the capacity lost after it)
+            "torchft_alone_steps_lost": tf.get("job_steps") if tf.get("recovery_s") is None
+            else None if not healthy else round(float(tf.get("stall_s") or 0.0) * healthy),
         })
-    healthy = rep.get("healthy_step_rate")
     start = rep.get("training_started_at_s") or 0.0
     a, b = step_at(series, start), step_at(series, end)
     committed = None if a is None or b is None else b - a

@@ -68,7 +68,8 @@ def _fault(kind, group, struck, rejoined, tf, **kw):
 def test_summary_goodput_against_fault_free_and_torchft_alone():
     # healthy 2 steps/s from t=10 to t=110: 200 steps without faults; the ranks committed 150
     samples = [{"last_step_at_s": 10.0 + t, "step": int(1.5 * t)} for t in range(0, 101)]
-    hang = _fault("hang", 1, 30.0, 40.0, {"recovery_s": 25.0, "stall_s": 25.0, "job_steps": 50},
+    # its job_steps (80) also count the capacity lost after the stall: not commits lost
+    hang = _fault("hang", 1, 30.0, 40.0, {"recovery_s": 25.0, "stall_s": 25.0, "job_steps": 80},
                   rank=1, global_rank=3, culprits=[3], hosts=["node-1"], host="node-1")
     part = _fault("partition", 0, 60.0, 70.0, {"recovery_s": None, "stall_s": 50.0,
                                                 "job_steps": 100}, host="node-0",
@@ -97,6 +98,8 @@ def test_summary_goodput_against_fault_free_and_torchft_alone():
     assert g["torchft_alone_stopped_for_good_at_s"] == 60.0
     assert g["torchft_alone_steps"] == 2 * (60 - 10) - 50
     assert g["vs_torchft_alone"] == 3.0
+    # each row's torchft-alone loss is commits, as its steps_lost: the hang's stall at 2/s
+    assert [r["torchft_alone_steps_lost"] for r in s["faults"]] == [50, 100]
     rep["faults"] = [slow1, slow2, part]
     g = summary(rep, {"seed": 5, "soak_s": 100.0}, samples)["goodput"]
     assert g["torchft_alone_steps"] == round(2 * 50 - 0.5 * 5 - 1.0 * 35)
