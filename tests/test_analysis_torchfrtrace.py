@@ -16,13 +16,17 @@ import pytest
 from monitor.analysis import analyze
 from tests.support.frgen import FRJob, write_dumps
 
-components = pytest.importorskip("torch.distributed.flight_recorder.components.builder")
-config_manager = pytest.importorskip("torch.distributed.flight_recorder.components.config_manager")
-loader = pytest.importorskip("torch.distributed.flight_recorder.components.loader")
+
+def torchfrtrace():
+    """torch's analyzer (builder, config_manager, loader), or the test skips. Imported by the
+    test, not at collection, where torch would cost every pytest-xdist worker a second of CPU."""
+    return [pytest.importorskip(f"torch.distributed.flight_recorder.components.{name}")
+            for name in ("builder", "config_manager", "loader")]
 
 
 def torchfrtrace_culprits(directory: Path) -> dict[str, tuple[str, int, set[int]]]:
     """Per group: (kind, seq, culprits) of the first collective torchfrtrace flags."""
+    components, config_manager, loader = torchfrtrace()
     args = config_manager.JobConfig().parse_args([str(directory), "-p", "rank"])
     # torchfrtrace judges every rank against the first one it reads (os.walk order); read them
     # in rank order so that its reference is rank 0, which is healthy in every scenario here
@@ -76,6 +80,7 @@ def scenario(kind: str) -> FRJob:
     ],
 )
 def test_culprits_agree_with_torchfrtrace(tmp_path, kind, expected):
+    torchfrtrace()
     dumps = scenario(kind).dumps(fmt="pickle")
     write_dumps(dumps, tmp_path, fmt="pickle", prefix="rank")
     assert ours(dumps) == expected

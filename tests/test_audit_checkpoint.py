@@ -17,7 +17,6 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
@@ -88,6 +87,8 @@ class Probe:
         self.seen.append(_phase(self.server))
         if self.fail:
             raise RuntimeError("disk full")
+        import torch  # not at collection: torch costs every pytest-xdist worker a second
+
         return {"w": torch.ones(4)}
 
     def load_state_dict(self, sd) -> None:

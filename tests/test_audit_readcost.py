@@ -107,8 +107,11 @@ def test_a_read_after_an_expensive_one_waits_the_monitors_poll_does_not(state, m
         server.stop()
 
 
-@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 def test_a_client_reading_back_to_back_is_paced_on_torchs_server(state):
+    # checked here, not in a skipif at collection: it imports torch, a second of CPU for every
+    # pytest-xdist worker
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
     server = WorkerServer(state, fr_dumper=burning(0.004), server="torch").serve()
     base = server.url.replace("torch+http", "http")
     try:

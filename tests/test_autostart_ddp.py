@@ -17,18 +17,22 @@ import pytest
 from worker_server import autostart
 from worker_server.state import module_version
 
-torch = pytest.importorskip("torch")
-torchft_ddp = pytest.importorskip("torchft.ddp")
-
-DDP = torchft_ddp.DistributedDataParallel
 ON_02 = pytest.mark.skipif(not module_version("torchft").startswith("0.2."),
                            reason="this Python's torchft is not 0.2.x")
 SAID = "DistributedDataParallel: a lost peer"
 
 
+# fixtures, not imports at collection, where torch would cost every pytest-xdist worker a second
 @pytest.fixture
-def patched(monkeypatch):
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def patched(monkeypatch, torch):
     """torchft's real DDP class, wrapped as the hook wraps it, restored afterwards."""
+    torchft_ddp = pytest.importorskip("torchft.ddp")
+    DDP = torchft_ddp.DistributedDataParallel
     monkeypatch.setattr(DDP, "__init__", DDP.__init__)
     monkeypatch.setattr(autostart, "_ddp_checked", False)
     assert autostart.patch_ddp(torchft_ddp)
@@ -37,11 +41,13 @@ def patched(monkeypatch):
 
 
 def ddp(cls):
+    import torch
+
     return cls(object(), torch.nn.Linear(2, 2))  # the Manager is only the comm hook's state
 
 
 @ON_02
-def test_torchft_02_ddp_is_said_once_and_still_built(patched, capfd):
+def test_torchft_02_ddp_is_said_once_and_still_built(patched, capfd, torch):
     capfd.readouterr()
     model = ddp(patched)
     assert model(torch.ones(1, 2)).shape == (1, 2)  # the job's DDP is untouched
@@ -54,7 +60,7 @@ def test_torchft_02_ddp_is_said_once_and_still_built(patched, capfd):
         "torchft 0.2.0)"]
 
 
-def test_a_ddp_with_its_own_comm_hook_is_not_said(patched, capfd):
+def test_a_ddp_with_its_own_comm_hook_is_not_said(patched, capfd, torch):
     class Guarded(patched):
         @staticmethod
         def _comm_hook(state, bucket):

@@ -17,8 +17,16 @@ from worker_server.flight_recorder import (
     raw_dump_json,
 )
 
-torch = pytest.importorskip("torch")
-c10d = pytest.importorskip("torch._C._distributed_c10d")
+
+# fixtures, not imports at collection, where torch would cost every pytest-xdist worker a second
+@pytest.fixture
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def c10d(torch):
+    return pytest.importorskip("torch._C._distributed_c10d")
 
 
 @pytest.fixture
@@ -28,7 +36,7 @@ def client():
 
 
 @pytest.fixture
-def torch_2_7_cpu(monkeypatch):
+def torch_2_7_cpu(monkeypatch, torch, c10d):
     """torch 2.7 without CUDA: no generic recorder dump (it came in 2.8)."""
     monkeypatch.setattr(torch, "__version__", "2.7.1+cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -47,7 +55,7 @@ def test_missing_call_is_501_with_the_reason_and_the_rest_is_served(client, torc
     assert client.get("/v1/stacks").status_code == 200
 
 
-def test_cuda_build_without_either_json_call_names_both(monkeypatch, torch_2_7_cpu):
+def test_cuda_build_without_either_json_call_names_both(monkeypatch, torch_2_7_cpu, torch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(FlightRecorderNotAvailable) as e:
         raw_dump_json()
@@ -70,8 +78,8 @@ def test_an_incarnation_is_still_recorded_without_a_dump(torch_2_7_cpu):
     assert (inc["quorum_id"], inc["replica_rank"], inc["first_record_id"]) == (7, 1, 0)
 
 
-def test_a_dump_call_without_the_newer_keywords_is_called_with_its_defaults(client,
-                                                                            monkeypatch):
+def test_a_dump_call_without_the_newer_keywords_is_called_with_its_defaults(client, monkeypatch,
+                                                                            torch, c10d):
     calls = []
 
     def old_dump():  # positional-only defaults, as an older binding may be

@@ -14,8 +14,6 @@ import re
 from types import SimpleNamespace
 
 import pytest
-import torch
-import torchft
 
 from trainer.config import TrainConfig
 from trainer.faults import FaultInjector, FaultSpecError, check_fits_group, parse_fault
@@ -83,6 +81,10 @@ class AsyncQuorumManager:
 
 def run_train(monkeypatch, manager: AsyncQuorumManager, faults: list[str], steps: int,
               worker_server: bool = False) -> None:
+    # imported here, not at collection: torch costs every pytest-xdist worker a second
+    import torch
+    import torchft
+
     from trainer.loop import train
 
     for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "RANK",

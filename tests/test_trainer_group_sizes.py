@@ -16,17 +16,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import torch
-import torchft
 
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import free_port, stop_process, wait_until
 from tests.test_trainer_fault_steps import AsyncQuorumManager
 from trainer.config import TrainConfig
-from trainer.loop import MAX_NOT_HEALED, SIZE_READS, other_sized_peer, outnumbered, train
 
 MISMATCH = "lightkeeper train: error: replica group 1 has 2 rank(s) (WORLD_SIZE) but " \
            "replica_group_0 has 1: groups of different sizes cannot train together"
+
+
+def loop():
+    """trainer.loop, imported by the tests that use it, not at collection: it imports torch,
+    which costs every pytest-xdist worker a second of CPU."""
+    from trainer import loop
+
+    return loop
 
 
 def _member(rid: str, world_size: int) -> str:
@@ -67,7 +72,7 @@ def test_only_a_live_other_group_of_another_size_refuses(members, refused):
     lighthouse = ThreadingHTTPServer(("127.0.0.1", 0), Status)
     threading.Thread(target=lighthouse.serve_forever, args=(0.05,), daemon=True).start()
     try:
-        why = other_sized_peer(f"http://127.0.0.1:{lighthouse.server_address[1]}", 1, 2)
+        why = loop().other_sized_peer(f"http://127.0.0.1:{lighthouse.server_address[1]}", 1, 2)
     finally:
         lighthouse.shutdown()
         lighthouse.server_close()
@@ -87,7 +92,7 @@ G0, G1, G2 = "replica_group_0", "replica_group_1", "replica_group_2"
     (None, 1, 2, False, None),  # /status unread: nothing to go by
 ])
 def test_the_group_of_the_size_fewer_groups_have_leaves(sizes, group, world_size, tie, leaves):
-    why = outnumbered(sizes, group, world_size, tie=tie)
+    why = loop().outnumbered(sizes, group, world_size, tie=tie)
     assert (why is None) == (leaves is None), why
     if leaves:
         assert why.startswith(f"replica group {group} has {world_size} rank(s) (WORLD_SIZE) "
@@ -144,6 +149,9 @@ def _train_group_1(monkeypatch, pages: list[bytes], manager: AsyncQuorumManager,
                    steps: int = 3) -> int:
     """Group 1's one rank in ``train()`` over ``manager``, its Lighthouse's ``/status`` pages
     answered in turn (the first one read before it joins); three steps."""
+    import torch
+    import torchft
+
     lighthouse = _serve(pages)
     for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "RANK",
                  "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -156,7 +164,7 @@ def _train_group_1(monkeypatch, pages: list[bytes], manager: AsyncQuorumManager,
                       replica_group=1, num_replica_groups=3, worker_server=False,
                       torch_threads=torch.get_num_threads(), connect_timeout_s=5)
     try:
-        return train(cfg)
+        return loop().train(cfg)
     finally:
         lighthouse.shutdown()
         lighthouse.server_close()
@@ -182,9 +190,9 @@ def test_heals_failed_step_after_step_end_in_the_one_line(monkeypatch, caplog, c
     source at every step: before, the heal failed at every step, for ever, committing nothing;
     now the heal after MAX_NOT_HEALED failed ones in a row exits, status 1, with the line."""
     manager = HealsFromAnotherSize(heals={})
-    manager.times = MAX_NOT_HEALED + 3  # then it would train on
+    manager.times = loop().MAX_NOT_HEALED + 3  # then it would train on
     assert _train_group_1(monkeypatch, [NO_QUORUM, MOST_HAVE_ONE], manager) == 1
-    assert caplog.text.count("not healed: ") == MAX_NOT_HEALED
+    assert caplog.text.count("not healed: ") == loop().MAX_NOT_HEALED
     err = capsys.readouterr().err
     assert err.count("lightkeeper train: error:") == 1 and "lightkeeper train: error: replica " \
         "group 1 has 1 rank(s) (WORLD_SIZE) but replica_group_0 has 2" in err, err
@@ -212,7 +220,7 @@ def test_a_status_that_never_answers_is_read_a_few_times_not_at_every_step(monke
     manager = AsyncQuorumManager(heals={})
     assert _train_group_1(monkeypatch, pages, manager, steps=8) == 0
     assert len(manager.allreduced) == 8
-    assert 11 - len(pages) == SIZE_READS  # the unread pages read after the first quorums
+    assert 11 - len(pages) == loop().SIZE_READS  # the unread pages read after the first quorums
 
 
 def _rank(tmp: Path, lighthouse: str, group: int, name: str, groups: int = 2, **env) -> tuple:

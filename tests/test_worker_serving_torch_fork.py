@@ -17,9 +17,15 @@ import requests
 from worker_server import RankIdentity, RankState, WorkerServer, torch_server
 from worker_server.torch_server import unavailable
 
-pytestmark = pytest.mark.skipif(
-    unavailable() is not None or not os.path.isdir("/proc/self/fd"),
-    reason=str(unavailable() or "no /proc (the child's copy is found there)"))
+
+@pytest.fixture(scope="module", autouse=True)
+def _torchs_server_and_proc():
+    """Skips the module without torch's server or /proc (the child's copy is found there):
+    checked here, not at collection, where it imports torch (a second of CPU for every
+    pytest-xdist worker)."""
+    if why := unavailable() or (None if os.path.isdir("/proc/self/fd") else
+                                "no /proc (the child's copy is found there)"):
+        pytest.skip(why)
 
 
 def _read(fd: int, timeout_s: float = 10.0) -> bytes:

@@ -24,7 +24,14 @@ from monitor.poll.torch_target import base_url, handler_path
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.torch_server import unavailable
 
-pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+
+@pytest.fixture(scope="module", autouse=True)
+def _torchs_server_can_serve():
+    """Skips the module where torch's server cannot carry the handlers: checked here, not at
+    collection, where it imports torch (a second of CPU for every pytest-xdist worker)."""
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+
 
 FR = json.dumps({"version": "2.10", "entries": [
     {"record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"], "profiling_name":
