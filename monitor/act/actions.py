@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 # the kill's outcome for a replica out of the Lighthouse's last quorum: no process was asked to
 # exit, so only the ranks' own /v1/exit (or its operator) can end the group
 NOT_IN_QUORUM = "not in the Lighthouse's quorum: its kill cannot reach it"
+# torch's own debug server serves nothing that changes a rank: never called, not a failure
+TORCH_ONLY = ("a rank on torch's debug server: no /v1/exit or /v1/abort there (nothing that "
+              "changes state is served)")
 
 
 @dataclass
@@ -97,11 +100,8 @@ class RankCalls:
         url = rank.url
         if not self.token:
             return Outcome(False, None, "no --rank-exit-token")
-        if is_torch(url):
-            return Outcome(False, None, "a rank on torch's debug server: no /v1/exit or "
-                           "/v1/abort there (nothing that changes state is served)")
         ident = auth.identity_of(getattr(rank, "state", None))
-        why = self.claims.why_not(known, rank)
+        why = self.why_not(known, rank)
         if why is not None:
             return Outcome(False, None, f"not sent: {why}", skipped=True)
         full = f"{url.rstrip('/')}{path}"
@@ -124,6 +124,13 @@ class RankCalls:
                                 REFUSED_SIGNATURE)
             return Outcome(False, r.status_code, detail)
         return Outcome(True, r.status_code, said(r))
+
+    def why_not(self, known: Any, rank: Any) -> str | None:
+        """Why no call is made to ``rank`` (not a failed try: its outcome is skipped); None: one
+        may be. ``known``: the sweep's whole view, for :class:`Claims`."""
+        if is_torch(rank.url):
+            return TORCH_ONLY
+        return self.claims.why_not(known, rank)
 
     def keep(self, known: Any) -> None:
         """Forget the refusals said of URLs ``known`` (the sweep's whole view) no longer has."""

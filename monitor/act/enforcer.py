@@ -224,12 +224,19 @@ class Enforcer:
             return None
         return blindness_of(view, None, self.cfg.rails)
 
-    def blind_to_kills(self, view: ClusterView,
-                       lighthouse: LighthouseStatus | None = None) -> str | None:
+    def blind_to_kills(self, view: ClusterView, lighthouse: LighthouseStatus | None = None,
+                       unheard: bool = False) -> str | None:
         """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
-        because of the monitor's own kills), ``lighthouse`` heard when given."""
-        return blindness_of(view, self.blind(), self.cfg.rails,
-                            gone=self.store.told_to_go_replica_ids(), heard=lighthouse is not None)
+        because of the monitor's own kills), ``lighthouse`` heard when given. ``unheard``: nor
+        of groups it reaches none of that ``lighthouse`` does not hear (gone, as both agree);
+        with every group left out, still blind (both may be cut off from the job)."""
+        gone = self.store.told_to_go_replica_ids()
+        if unheard and lighthouse is not None:
+            gone |= {gv.replica_id for gv in (view.evidence_view or view).groups.values()
+                     if gv.replica_id and not gv.reachable
+                     and not lighthouse.heartbeating(gv.replica_id)}
+        return blindness_of(view, self.blind(), self.cfg.rails, gone=gone,
+                            heard=lighthouse is not None and not unheard)
 
     def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
@@ -272,7 +279,9 @@ class Enforcer:
         evicted = self.store.evicted_replica_ids()
         if shard is not None:
             evicted = evicted | shard.sent_kills
-        return self.survivors.release(view, evidence, lighthouse, self.blindness(view),
+        # a gone group's ranks count against no reach: with two groups, half the ranks
+        return self.survivors.release(view, evidence, lighthouse,
+                                      self.blind_to_kills(view, lighthouse, unheard=True),
                                       evicted, now,
                                       None if shard is None else shard.reported_elsewhere)
 

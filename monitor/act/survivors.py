@@ -96,25 +96,30 @@ class Survivors:
         self.dry_run = dry_run
         self._told: set[tuple[str, str]] = set()  # (gone replica id, survivor url)
         self._failed: dict[tuple[str, str], int] = {}  # the failed requests of one not told
-        # gone replica id -> the survivors last named as not called (Claims), so a skip is
+        # gone replica id -> the survivors last named as not called (why_not), so a skip is
         # written once per gone group while it stays the same
         self._skipped: dict[str, frozenset[str]] = {}
+        self._held: frozenset[str] = frozenset()  # gone replica ids said held while blind
 
     def release(self, view: ClusterView, evidence: ClusterView,
                 status: LighthouseStatus | None, blind: str | None, evicted: set[str],
                 now: float, elsewhere: Elsewhere | None = None) -> list[dict]:
         """The abort decisions made this sweep (as recorded); ``elsewhere``: as
         :func:`gone_groups`."""
-        if status is None or blind or not self.aborts.token:
+        if status is None or not self.aborts.token:
             return []
+        if blind:
+            self._say_held(view, evidence, status, blind, evicted, elsewhere)
+            return []
+        self._held = frozenset()
         made = []
         for gone in gone_groups(view, status, evicted, elsewhere):
             ranks, skipped = [], []
             for r in blocked_survivors(evidence, gone):
                 if (gone.replica_id, r.url) in self._told:
                     continue
-                # not signed for (Claims): no try counted, checked again next sweep
-                why = self.aborts.claims.why_not(view, r)
+                # not called (Claims, torch's server): no try counted, checked again next sweep
+                why = self.aborts.why_not(view, r)
                 if why is None:
                     ranks.append(r)
                 else:
@@ -129,6 +134,17 @@ class Survivors:
         self._failed = {k: n for k, n in self._failed.items() if k[0] in live}
         self._skipped = {k: u for k, u in self._skipped.items() if k in live}
         return made
+
+    def _say_held(self, view: ClusterView, evidence: ClusterView, status: LighthouseStatus,
+                  blind: str, evicted: set[str], elsewhere: Elsewhere | None) -> None:
+        """One line when a gone group's survivors not told yet wait for the monitor to see."""
+        held = frozenset(g.replica_id for g in gone_groups(view, status, evicted, elsewhere)
+                         if any((g.replica_id, r.url) not in self._told
+                                for r in blocked_survivors(evidence, g)))
+        if held - self._held:
+            log.warning("not telling the survivors blocked with gone replica(s) %s to abort "
+                        "while the monitor is blind: %s", ", ".join(sorted(held)), blind)
+        self._held = held
 
     def _abort(self, gone: Gone, ranks: list[RankView], now: float, view: ClusterView,
                skipped: list[tuple[RankView, str]]) -> dict:
