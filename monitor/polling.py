@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 # dumps (tests/test_monitor_fr_filter.py); the leaders of groups not drilled: torchft's only
 FR_LAST, FR_LAST_LEADERS = 256, 64
 FR_DRILLED_QUERY, FR_LEADERS_QUERY = f"?last={FR_LAST}", f"?pg=torchft&last={FR_LAST_LEADERS}"
+_FR_ASKED = {FR_DRILLED_QUERY: FR_LAST, FR_LEADERS_QUERY: FR_LAST_LEADERS}
+# an answer to ?last=N: N entries of 32 KiB (torch's JSON entry is ~0.5 KB, no stack frames:
+# room for a coalesced collective of ~1,000 tensors) after a head (pg_config, ...) of 1 MiB;
+# --max-fr-bytes bounds the whole dump (a 400's fallback)
+FR_ENTRY_BYTES, FR_HEAD_BYTES = 32 << 10, 1 << 20
 EARLY_FR_GROUPS = 8  # more blocked groups at once is no single hang: not asked early
 ASK_LEAD = 1.25  # the next sweep is asked this many last polling times before it starts
 GC_FULL_EVERY = 100  # sweeps between full collections while frozen
@@ -285,7 +290,7 @@ class Polling:
                 if urls:
                     wait = self.fr_bound.wait_s(urls)
                     self._fr_ahead[query] = (set(urls), self.poller.start(
-                        urls, "/v1/fr_trace" + query, wait, self.cfg.max_fr_bytes), wait)
+                        urls, "/v1/fr_trace" + query, wait, self.fr_answer_bytes(query)), wait)
         except Exception:
             log.exception("could not ask the Flight Recorder early")
 
@@ -347,14 +352,21 @@ class Polling:
             if d is not None and d["rank"] == rv.rank:
                 dumps[rv.rank] = d
         if rest:
-            got.update(self._fetch(rest, "/v1/fr_trace" + query))
+            got.update(self._fetch(rest, "/v1/fr_trace" + query, None,
+                                   self.fr_answer_bytes(query)))
         refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:  # their whole dumps: no earlier answer says how long those take
             got.update(self._fetch(refused, "/v1/fr_trace", self.cfg.fr_timeout_s))
+        whole = set(refused)
         for url, p in got.items():
             rv = view.ranks.get(url)
+            if not p.ok and p.reason == "bad_response":
+                log.warning("ignoring %s/v1/fr_trace%s: %s", url, "" if url in whole else query,
+                            p.error)
             if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:
                 continue
+            if url not in whole:
+                _newest(p.data, _FR_ASKED.get(query))
             claimed = p.data.get("rank", rv.rank)
             if claimed != rv.rank or p.data.get("replica_group", rv.replica_group) \
                     != rv.replica_group:
@@ -365,7 +377,30 @@ class Polling:
             dumps[rv.rank] = p.data
         return dumps
 
-    def _fetch(self, urls: list[str], path: str, wait: float | None = None
-               ) -> dict[str, RankPoll]:
+    def fr_answer_bytes(self, query: str) -> int:
+        """The largest answer to ``/v1/fr_trace`` + ``query`` read: what its ``last`` entries
+        need, at most ``--max-fr-bytes``."""
+        last = _FR_ASKED.get(query)
+        most = self.cfg.max_fr_bytes
+        return most if last is None else min(most, FR_HEAD_BYTES + last * FR_ENTRY_BYTES)
+
+    def _fetch(self, urls: list[str], path: str, wait: float | None = None,
+               max_bytes: int | None = None) -> dict[str, RankPoll]:
+        most = self.cfg.max_fr_bytes if max_bytes is None else max_bytes
         return self.fr_bound.fetch(
-            urls, lambda live, w: self.poller.sweep(live, path, w, self.cfg.max_fr_bytes), wait)
+            urls, lambda live, w: self.poller.sweep(live, path, w, most), wait)
+
+
+def _newest(dump: dict, last: int | None) -> None:
+    """A dump asked for its ``last`` entries that sent more (a server ignoring the query) keeps
+    the newest ``last``, its ``filter`` saying so (older entries may be left out)."""
+    entries = dump.get("entries")
+    if last is None or not isinstance(entries, list) or len(entries) <= last:
+        return
+    filt = dump.get("filter")
+    filt = dict(filt) if isinstance(filt, dict) else {"pg": None}
+    total = filt.get("entries_total")
+    filt["last"] = last
+    filt["entries_total"] = max(len(entries), total if type(total) is int else 0)
+    dump["entries"] = entries[-last:]
+    dump["filter"] = filt

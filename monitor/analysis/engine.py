@@ -116,21 +116,36 @@ def normalize_dumps(dumps: Mapping[int, Mapping[str, Any] | RankTrace]) -> tuple
 def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:
     """Every trace's signature ids renumbered into one shared table (returned)."""
     table: list[Signature] = []
-    ids: dict[Signature, int] = {}
+    ids: dict[Any, int] = {}
     for trace in traces.values():
         remap: dict[int | None, int | None] = {None: None}
+        known: dict[int, int] = {}  # id() of a signature of this trace -> its shared id
         for local, sig in enumerate(trace.signatures):
-            gid = ids.get(sig)
-            if gid is None:
-                gid = ids[sig] = len(table)
-                table.append(sig)
-            remap[local] = gid
+            remap[local] = _shared_id(sig, table, ids, known)
         if any(k != v for k, v in remap.items()):
             get = remap.__getitem__
             for group in trace.groups.values():
                 group.sigs = list(map(get, group.sigs))
         trace.signatures = table
     return table
+
+
+def _shared_id(sig: Signature, table: list[Signature], ids: dict[Any, int],
+               known: dict[int, int]) -> int:
+    # a coalesced one by its parts' ids: a run of n parts makes n prefixes, whose shapes hashed
+    # again part by part would cost n**2 of them
+    key: Any = sig
+    if sig.parts:
+        parts = tuple(map(known.get, map(id, sig.parts)))
+        if None in parts:  # a part met first here
+            parts = tuple(_shared_id(p, table, ids, known) for p in sig.parts)
+        key = ("coalesced", parts)
+    gid = ids.get(key)
+    if gid is None:
+        gid = ids[key] = len(table)
+        table.append(sig)
+    known[id(sig)] = gid
+    return gid
 
 
 _MAX_WORLD = 1 << 20  # members of "0" told by rank numbers alone, at most (a corrupt dump's 10**9)

@@ -10,7 +10,7 @@ import os
 import pickle
 import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,14 @@ _MEMO_RANGE = "memo index out of range"
 _NEVER_PICKLED = frozenset({_MEMO_RANGE})
 
 PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"  # "1": Python's unpickler reads every pickle
+
+# Tensor shapes are bounded before a dump is normalized: through a pickle's memo a few KB can
+# name one list of ints a million times, and each signature copies and hashes what it names.
+# torch records every tensor of a collective (no limit): a coalesced one may have thousands.
+_SIZE_KEYS = ("input_sizes", "output_sizes")
+MAX_TENSORS = 1 << 14  # per entry's input_sizes, or its output_sizes
+MAX_DIMS = 64  # per tensor: CUDA's kernels take at most 25
+MAX_SHAPE_INTS = 1 << 23  # tensors and dims of all of a dump's entries, each reference counted
 
 
 @dataclass
@@ -232,15 +240,65 @@ def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
             data = f.read() if f.peek(1)[:1] == b"\x80" else None
         if data is not None:
             try:
-                return normalize_parsed(reader.parse(data), lambda raw: _rank_of(raw, path), packed)
+                return normalize_parsed(_Bounded(reader.parse(data)), lambda raw: _rank_of(raw, path),
+                                        packed)
             except reader.DumpRefused as exc:
                 if str(exc) in _NEVER_PICKLED:
                     raise pickle.UnpicklingError(f"{exc}: not a pickle any pickler writes") from None
             except MemoryError:
                 pass  # either way Python's unpickler decides
     raw = read_dump(path)
+    _check_dump(raw)
     rank = _rank_of(raw, path)
     return normalize_packed(raw, rank) if packed else normalize(raw, rank)
+
+
+class _Bounded:
+    """The C reader's parsed dump, its entries' shapes checked (:func:`check_shapes`) once built,
+    as Python's path checks them."""
+
+    def __init__(self, doc: Any) -> None:
+        self._doc = doc
+
+    def columns(self, keys: tuple[str, ...], optional: str) -> Any:
+        got = self._doc.columns(keys, optional)
+        if got is not None:
+            check_shapes([got[1][keys.index(k)] for k in _SIZE_KEYS])
+        return got
+
+    def load(self) -> Any:
+        dump = self._doc.load()
+        _check_dump(dump)
+        return dump
+
+
+def _check_dump(dump: Any) -> None:
+    entries = dump.get("entries") if isinstance(dump, dict) else None
+    if isinstance(entries, list):  # what is not a dict is normalize's to refuse
+        check_shapes([[e.get(k) if isinstance(e, dict) else None for e in entries]
+                      for k in _SIZE_KEYS])
+
+
+def check_shapes(columns: list[Sequence[Any]]) -> None:
+    """Raises :class:`DumpFormatError` where an entry's sizes (``columns``: input_sizes, then
+    output_sizes, one value per entry) pass MAX_TENSORS or MAX_DIMS, or all of them together
+    MAX_SHAPE_INTS. Values that are no list of shapes are left to normalize."""
+    left = MAX_SHAPE_INTS
+    for key, column in zip(_SIZE_KEYS, columns, strict=True):
+        for i, sizes in enumerate(column):
+            if not isinstance(sizes, list | tuple):
+                continue
+            if len(sizes) > MAX_TENSORS:
+                raise DumpFormatError(f"entry {i}: {len(sizes)} tensors in its {key}, over the "
+                                      f"limit of {MAX_TENSORS}")
+            dims = [len(s) if isinstance(s, list | tuple) else 1 for s in sizes]
+            if dims and max(dims) > MAX_DIMS:
+                raise DumpFormatError(f"entry {i}: a tensor of {max(dims)} dims in its {key}, "
+                                      f"over the limit of {MAX_DIMS}")
+            left -= len(dims) + sum(dims)
+            if left < 0:
+                raise DumpFormatError(f"entry {i}: past the limit of {MAX_SHAPE_INTS} tensors "
+                                      "and dims in all entries' sizes (each reference counted)")
 
 
 def _rank_of(raw: Any, path: str | Path) -> int:
