@@ -94,6 +94,7 @@ class Polling:
         self._last_sweep_s = 0.0
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self._fd_advised = False
+        self._fr_refused: set[str] = set()  # ranks whose refused dump was said (said once)
 
     def collect(self, view: ClusterView | None) -> tuple[list[Target], Plan, dict[str, RankPoll]]:
         """This sweep's targets, plan and answers (``view``: the last sweep's), asked ahead if
@@ -361,8 +362,12 @@ class Polling:
         for url, p in got.items():
             rv = view.ranks.get(url)
             if not p.ok and p.reason == "bad_response":
-                log.warning("ignoring %s/v1/fr_trace%s: %s", url, "" if url in whole else query,
-                            p.error)
+                if url not in self._fr_refused:  # once while it lasts: it is asked every look
+                    self._fr_refused.add(url)
+                    log.warning("ignoring %s/v1/fr_trace%s: %s", url,
+                                "" if url in whole else query, p.error)
+            elif p.ok:
+                self._fr_refused.discard(url)
             if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:
                 continue
             if url not in whole:
