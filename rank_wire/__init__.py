@@ -15,9 +15,8 @@ bytes (docs/scaling.md):
 - ``recent_step_seconds``: one float64 per step time, in order.
 
 Only valid numbers are packed, and a reader keeps only valid records of what it is served: a
-row is valid when its step is an integer within int64 (not a bool), its four seconds are
-finite numbers >= 0 and its two waits fit in its step (:func:`valid_row`, :func:`waits_fit`);
-a step time when it is such a number.
+row is valid when its step is an integer within int64 (not a bool) and its four seconds are
+finite numbers >= 0 (:func:`valid_row`); a step time when it is such a number.
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ SECONDS_SIZE = 8  # one float64 step time
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INF, _FLOAT_MAX = math.inf, sys.float_info.max
 _SWAP = sys.byteorder != "little"  # array's floats are in the machine's order
-# how far a row's waits may pass its step time: clock rounding (CUDA event spans in a host step)
-WAIT_SLACK_S, WAIT_SLACK_REL = 1e-3, 1e-3
 
 
 def valid_seconds(value: Any) -> bool:
@@ -53,20 +50,11 @@ def valid_seconds(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _FLOAT_MAX
 
 
-def waits_fit(step_s: Any, wait_cross_s: Any, wait_group_s: Any) -> Any:
-    """The waits are inside the step (``compute_s = step_s - waits >= 0``) to clock rounding: a
-    rank claiming more is not believed. Valid seconds or numpy columns of them alike."""
-    # in this order no sum of valid seconds passes a float64's range unless the row is invalid
-    return wait_cross_s - step_s + wait_group_s <= step_s * WAIT_SLACK_REL + WAIT_SLACK_S
-
-
 def valid_row(step: Any, seconds: tuple | list) -> bool:
-    """A timing row worth keeping: an int64 step (not a bool), four valid seconds, and its waits
-    inside its step."""
+    """A timing row worth keeping: an int64 step (not a bool) and four valid seconds."""
     return (isinstance(step, int) and not isinstance(step, bool)
             and INT64_MIN <= step <= INT64_MAX and len(seconds) == len(TIMING_KEYS)
-            and all(map(valid_seconds, seconds))
-            and waits_fit(seconds[0], seconds[2], seconds[3]))
+            and all(map(valid_seconds, seconds)))
 
 
 def pack_rows(rows: list) -> bytes:

@@ -50,11 +50,6 @@ ROWS = [
     (row(True), False),
     (row(False), False),
     (row(18.0), False),
-    # waits (0.375 s) inside the step, to clock rounding (rank_wire.WAIT_SLACK_S): no more
-    (row(20, step_s=0.375, compute_s=0.0), True),
-    (row(21, step_s=0.3745, compute_s=0.0), True),
-    (row(22, step_s=0.37, compute_s=0.0), False),
-    (row(23, wait_cross_s=5.0), False),  # a 1 s step that waited 5 s across groups
     (row("19"), False),
     ("not a row", False),
     (None, False),

@@ -85,13 +85,13 @@ def test_a_rank_not_kept_is_forgotten_and_the_room_given_back():
     mem = StepMemory(4, capacity=4)
     urls = [f"http://r{i}" for i in range(5000)]
     slots = [mem.take(u, "x") for u in urls]
-    mem.fold(slots, [TIMING_ROW.pack(i, 1.0 + i, 0.5, 0.25, float(i)) for i in range(len(urls))])
+    mem.fold(slots, [TIMING_ROW.pack(i, 1.0, 0.5, 0.25, float(i)) for i in range(len(urls))])
     kept = set(urls[::100])
     mem.keep_only(kept)
     assert set(mem.slot) == kept
     assert len(mem.rid) < 5000  # compacted: the forgotten ranks' room given back
     for i in range(0, 5000, 100):
-        assert rows(mem, urls[i]) == {i: (1.0 + i, 0.5, 0.25, float(i))}
+        assert rows(mem, urls[i]) == {i: (1.0, 0.5, 0.25, float(i))}
     assert mem.newest(urls[1]) is None and rows(mem, urls[1]) == {}
     # a slot reused after forgetting starts empty
     s = mem.take(urls[1], "x")
@@ -114,7 +114,7 @@ def test_rows_far_behind_or_at_int64s_edge_are_dropped_without_an_error():
     mem = StepMemory(4)
     s = mem.take("u", "a")
     lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-    blob = b"".join(TIMING_ROW.pack(step, 3.0, 1.0, 1.0, 1.0)
+    blob = b"".join(TIMING_ROW.pack(step, 1.0, 1.0, 1.0, 1.0)
                     for step in (100, 10, lo, lo + 1, 101, 102))
     blob += struct.pack("<q4d", 103, float("nan"), 0.0, 0.0, 0.0)  # malformed seconds
     assert mem.fold([s], [blob]) == [3]  # 100, 101, 102: 10 is more than 4 steps behind
@@ -138,7 +138,7 @@ def test_common_steps_and_their_seconds_are_those_of_every_ranks_rows(seed):
         for u in urls:
             top = (mem.newest(u) or 0) + rng.randrange(0, 4)
             steps = [s for s in range(top - 7, top + 1) if s >= 0 and rng.random() < 0.9]
-            blobs.append(b"".join(TIMING_ROW.pack(s, 1.0 + rng.random(), 0.0, rng.random(), 0.0)
+            blobs.append(b"".join(TIMING_ROW.pack(s, rng.random(), 0.0, rng.random(), 0.0)
                                   for s in steps))
         mem.fold(slots, blobs)
         pick = rng.sample(range(len(urls)), rng.randrange(1, len(urls) + 1))

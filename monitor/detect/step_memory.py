@@ -8,7 +8,7 @@ from collections.abc import Container
 
 import numpy as np
 
-from rank_wire import TIMING_KEYS, TIMING_ROW, waits_fit
+from rank_wire import TIMING_KEYS, TIMING_ROW
 
 NONE = np.iinfo(np.int64).min  # no step (a free place, a rank with nothing folded)
 
@@ -85,10 +85,9 @@ class StepMemory:
         newest = self._newest
         # new steps only; a step near int64's least is no step (it would wrap: steps - depth)
         at = np.flatnonzero((steps > newest[owner]) & (steps > NONE + self.depth))
-        if len(at):  # of those, the valid rows (rank_wire.valid_row; NaN fails every test)
+        if len(at):  # of those, the valid rows (NaN fails both tests)
             sec = raw[at, 1:]
-            at = at[((sec >= 0) & (sec < np.inf)).all(axis=1)
-                    & waits_fit(sec[:, 0], sec[:, 2], sec[:, 3])]
+            at = at[((sec >= 0) & (sec < np.inf)).all(axis=1)]
         if not len(at):
             return [0] * len(slots)
         owner, steps = owner[at], steps[at]

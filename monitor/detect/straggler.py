@@ -230,7 +230,7 @@ class Straggler:
                         self.findings.resolve(key, "quorum_shrunk", now)
             return []
         self._shrunk = 0
-        # a group's slots side by side: reduceat at its first rank reduces over its ranks
+        # a group's slots side by side: reduceat at its first rank gives its maximum
         order = list(groups)
         slots, starts = [], []
         for g in order:
@@ -248,13 +248,7 @@ class Straggler:
                      "%d-%d); stragglers are judged", window[0], window[-1])
             self.apart_since = None
         timings = self.memory.seconds(slots, window)  # polled rank x window x TIMING_KEYS
-        # a group's cross wait a step: its most-waiting rank's (a rank late only at the cross step
-        # holds up its counterparts there, their group peers in the commit vote), at most the
-        # least any of its ranks waited in all: a group's ranks end a step together, so a wait
-        # no peer shared is one rank's word
-        waits = timings[:, :, WAIT_CROSS_S]
-        cross = np.minimum(np.maximum.reduceat(waits, starts, axis=0), np.minimum.reduceat(
-            waits + timings[:, :, WAIT_GROUP_S], starts, axis=0))
+        cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
         med_step = float(np.median(timings[:, :, STEP_S]))
         # a group's own work a step: its step outside the cross-group wait, its busiest rank's
         own = np.maximum.reduceat(timings[:, :, STEP_S] - timings[:, :, WAIT_CROSS_S], starts,
