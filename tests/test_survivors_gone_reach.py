@@ -64,6 +64,28 @@ def test_the_survivor_of_a_two_group_job_is_told_to_abort(tmp_path):
         job.stop()
 
 
+def test_a_monitor_and_lighthouse_cut_off_together_from_most_groups_hold_the_abort(tmp_path):
+    """Groups 1 and 2 unreached by the monitor and unheard by the Lighthouse (both on group 0's
+    node, cut off from the others): more groups lost than reached is no evidence that they are
+    gone rather than that the monitor is cut off: group 0 is not told to abort."""
+    job, d = sim_driver(tmp_path, 3)
+    try:
+        d.sweeps(4)
+        d.train.stall(0.5, d.clock.t)
+        lose(job, 1)
+        lose(job, 2)
+        lost = (job.replica_ids[1], job.replica_ids[2])
+        d.until(lambda: (lh := d.mon.lighthouse_status) is not None
+                and not any(lh.heartbeating(r) for r in lost),
+                "the Lighthouse hearing neither", steps=0, pause=0.2)
+        d.sweeps(5, steps=0)
+        assert not aborts(job, (0,))
+        assert not d.mon.store.decisions(decision="abort")
+    finally:
+        d.mon.stop()
+        job.stop()
+
+
 def test_an_abort_held_by_a_monitor_cut_off_from_a_live_group_is_said_once(tmp_path, caplog):
     """Group 2 gone; group 1 unreachable to the monitor but heard by the Lighthouse (the
     monitor may be the one cut off): 1 of the 2 ranks not gone reached, blind; the held abort

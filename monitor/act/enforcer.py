@@ -228,13 +228,17 @@ class Enforcer:
                        unheard: bool = False) -> str | None:
         """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
         because of the monitor's own kills), ``lighthouse`` heard when given. ``unheard``: nor
-        of groups it reaches none of that ``lighthouse`` does not hear (gone, as both agree);
-        with every group left out, still blind (both may be cut off from the job)."""
+        of groups it reaches none of that ``lighthouse`` does not hear (gone, as both agree),
+        while they are no more than the groups it reaches (else both may be cut off together)."""
         gone = self.store.told_to_go_replica_ids()
         if unheard and lighthouse is not None:
-            gone |= {gv.replica_id for gv in (view.evidence_view or view).groups.values()
-                     if gv.replica_id and not gv.reachable
-                     and not lighthouse.heartbeating(gv.replica_id)}
+            groups = (view.evidence_view or view).groups.values()
+            lost = {gv.replica_id for gv in groups if gv.replica_id and not gv.reachable
+                    and not lighthouse.heartbeating(gv.replica_id)}
+            # more groups lost than reached: the monitor and the Lighthouse may be the ones
+            # cut off together (say, on one group's node), not the job
+            if len(lost) <= sum(1 for gv in groups if gv.reachable):
+                gone |= lost
         return blindness_of(view, self.blind(), self.cfg.rails, gone=gone,
                             heard=lighthouse is not None and not unheard)
 
