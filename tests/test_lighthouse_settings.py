@@ -19,7 +19,10 @@ from monitor.evidence.lighthouse_settings import (
     assess,
 )
 from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.evidence.rank import RankView
 from monitor.service import Monitor
+from tests.support.monitor_sim import rank_state
+from tests.support.views import scratch_view
 
 
 def settings(ws):
@@ -105,6 +108,43 @@ def test_watch_measures_each_kill_until_the_group_leaves_the_quorum():
     w.observe(status(5, ["a"], hb, ["c"]), now=26.0)
     assert settings(w.active.values()) == ["eviction_drop"]
     assert "6.0s after the kill" in w.active["eviction_drop"].message
+
+
+def _ranks(at, phases):
+    """The monitor's view at ``at``: one single-rank group per entry, in that phase."""
+    return scratch_view(at, {f"http://r{g}": RankView(f"http://r{g}", True,
+                                                      rank_state(g, g, phase=p, now=at))
+                             for g, p in phases.items()})
+
+
+def _rid(g):
+    return f"replica_group_{g}:sim"  # rank_state's replica id
+
+
+@pytest.mark.parametrize("survivor,asked", [
+    # asked at once: the Lighthouse (--min_replicas 2, two groups) waits for a replacement
+    (lambda t: "quorum", True),
+    # blocked in the all-reduce with the evicted group until its timeout, then asked
+    (lambda t: "allreduce" if t < 40 else "quorum", False)])
+def test_a_slow_drop_names_min_replicas_when_the_survivors_asked_at_once(survivor, asked):
+    w = LighthouseSettingsWatch(interval_s=1.0)
+    hb = {_rid(0): 0.1, _rid(1): 0.1}
+    w.observe(status(3, [_rid(0), _rid(1)], {**hb, "old": 1.2}, ["old"]), now=9.0)
+    w.kill_sent(_rid(1), now=10.0)
+    for t in range(11, 42):  # the evicted group's rank still answers for a while
+        phases = {0: survivor(t), **({1: "allreduce"} if t < 13 else {})}
+        w.observe(status(3, [_rid(0), _rid(1)], hb), float(t), _ranks(t - 1.0, phases))
+    # a replacement joined: the quorum forms, without the evicted group
+    w.observe(status(4, [_rid(0), _rid(2)], {**hb, _rid(2): 0.1}), 42.5,
+              _ranks(41.5, {0: "quorum", 2: "quorum"}))
+    msg = w.active["eviction_drop"].message
+    assert "32.5s after the kill" in msg
+    assert ("min_replicas" in msg) is asked
+    assert ("asked for a new quorum late" in msg) is not asked
+    assert "its heartbeat timeout at most 1200 ms (observed)" in msg or not asked
+    # the heartbeat timeout not known to be short: it stays a suspect too
+    (w,) = assess(Evidence(last_drop_s=32.5, last_drop_asked=True))
+    assert "min_replicas" in w.message and "heartbeat_timeout_ms" in w.message
 
 
 def test_watch_logs_once_then_again_after_relog_and_when_cleared(caplog):

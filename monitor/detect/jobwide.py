@@ -195,6 +195,7 @@ class JobWide:
         self._changed_at: int | None = None  # the newest step when they last changed
         self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
+        self._absent: dict[str, int] = {}  # Lighthouse member of the quorum -> sweeps unseen
         # (quorum id, newest step, when, re-based) as every rank's verdict became
         # lighthouse_unreadable; the quorum id and step those ranks report themselves; when:
         # the last sweep that read it (a long sweep or --interval notices an outage late)
@@ -227,6 +228,8 @@ class JobWide:
         killed = [g for g, gv in view.groups.items() if gv.replica_id in evicted
                   and of_quorum(g)] + [rid for rid in lh if rid in evicted] \
             if evicted and not blamed else []
+        seen = {gv.replica_id for gv in (full or view).groups.values() if gv.reachable}
+        self._absent = {rid: self._absent.get(rid, 0) + 1 for rid in lh if rid not in seen}
         self._held = bool(killed) and (self._held or ("job_stall", None, None)
                                        in self.findings.open)
         self._note_lighthouse(groups, now)
@@ -349,6 +352,12 @@ class JobWide:
                 self._stall_suspected = (early and _stall_shape(groups, waits) is not None) or (
                     lh_blamed and _quorum_stall(groups, STALL_SUSPECT * threshold) is not None)
             return None
+        unseen = sorted(self._absent)
+        if was is None and any(n < self.cfg.dead_sweeps for n in self._absent.values()):
+            # a member of the Lighthouse's quorum out of sight, its dead finding on its way:
+            # the groups seen wait for it, not for the network
+            self._stall_suspected = True
+            return None
         per_group, steps, through = shape
         for gv in through:
             per_group[str(gv.replica_group)] = {
@@ -382,17 +391,20 @@ class JobWide:
                "network": "a network fault makes every group wait alike"
                           + (f"; the Lighthouse does not answer the monitor, but {reached}: the "
                              "ranks reach it" if reached else "")}[cause]
-        ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
+        seen = f"{len(groups)}" + (f" seen; the Lighthouse's member(s) {unseen} unseen, not "
+                                   f"found dead" if unseen else "")
+        ev = {"summary": f"every replica group of quorum {view.quorum_id} ({seen}) is "
                          f"{where} at step {max(steps)}"
                          + (f" or, through it, waits for a quorum (group(s) {past})"
                             if past else "")
                          + f", the longest for {longest:.1f}s (threshold {threshold:.1f}s), "
-                         f"and no group is late or absent: a job-wide stall ({why}); "
-                         f"hosts {', '.join(hosts)}",
+                         + ("and no group seen is late" if unseen else
+                            "and no group is late or absent")
+                         + f": a job-wide stall ({why}); hosts {', '.join(hosts)}",
               "lighthouse_unreadable": lh_down or cause == "lighthouse", "cause": cause,
               "stalled_s": round(longest, 3), "threshold_s": round(threshold, 3),
               "quorum_id": view.quorum_id, "step": top, "groups": per_group,
-              "hosts": hosts, "probe": None,
+              "hosts": hosts, "probe": None, "unseen_replica_ids": unseen,
               "replica_ids": {str(gv.replica_group): gv.replica_id for gv in groups}}
         return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
 

@@ -1,5 +1,6 @@
 """Is the Lighthouse set so that recovery is slow? (docs/lighthouse.md) It does not publish its
-flags: judged from the declared ones, ``/status`` and kills; reported, never acted on.
+flags: judged from the declared ones, ``/status``, kills and the survivors' phases meanwhile;
+reported, never acted on.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from .cluster import ClusterView
 from .lighthouse_status import LighthouseStatus
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ class Evidence:
     heartbeat_above_s: float | None = None  # the timeout is longer than this (observed)
     heartbeat_at_most_s: float | None = None  # ... and at most this (observed)
     last_drop_s: float | None = None  # the last kill -> out of the Lighthouse's quorum
+    # the survivors' ranks waited in their quorum call (phase quorum) all through that slow drop
+    last_drop_asked: bool = False
     interval_s: float = 1.0  # the sweep interval the observations were made at
 
 
@@ -66,7 +70,18 @@ def assess(ev: Evidence) -> list[SettingWarning]:
                 f"after the kill (more than {limit:.1f}s: {_fmt(SLOW_S)} + one sweep + "
                 f"{DROP_SLACK_S:g}s for the process to exit); the survivors stalled that long")
         short = _short_heartbeat(ev)
-        if short is None:
+        if ev.last_drop_asked:
+            # they asked at once, so the Lighthouse held the quorum: below min_replicas without
+            # the evicted group, it waits for a replacement
+            asked = "they asked for a new quorum at once (their ranks waited in phase quorum)"
+            why = (f"{asked} and, its heartbeat timeout {short}, the Lighthouse held it back: "
+                   f"its min_replicas is more than the groups left, so the quorum waited for a "
+                   f"replacement group to join; start the Lighthouse with a --min_replicas the "
+                   f"survivors meet, or keep a spare group ready (docs/lighthouse.md)" if short
+                   else f"{asked} and the Lighthouse held it back: check its min_replicas (more "
+                   f"than the groups left: the quorum waits for a replacement group to join), "
+                   f"heartbeat_timeout_ms and join_timeout_ms (docs/lighthouse.md)")
+        elif short is None:
             why = ("check the Lighthouse's heartbeat_timeout_ms and join_timeout_ms "
                    "(docs/lighthouse.md)")
         else:
@@ -112,6 +127,7 @@ class LighthouseSettingsWatch:
             declared_join_s=None if declared_join_ms is None else declared_join_ms / 1000,
             interval_s=interval_s)
         self.pending: dict[str, float] = {}  # replica_id -> when the kill was sent
+        self._asked: dict[str, bool] = {}  # pending replica_id -> survivors all in phase quorum
         self.active: dict[str, SettingWarning] = {}
         self._logged_at: dict[str, float] = {}
 
@@ -119,8 +135,12 @@ class LighthouseSettingsWatch:
         if replica_id:
             self.pending[replica_id] = now
 
-    def observe(self, status: LighthouseStatus | None, now: float) -> list[SettingWarning]:
-        """Learn from one sweep's status (None: unreadable); returns the warnings that hold."""
+    def observe(self, status: LighthouseStatus | None, now: float,
+                view: ClusterView | None = None) -> list[SettingWarning]:
+        """Learn from one sweep's status (None: unreadable) and the ranks' newest ``view``;
+        returns the warnings that hold."""
+        if view is not None:
+            self._note_survivors(view)
         if status is not None:
             ev = self.ev
             for rid, age in status.heartbeats.items():
@@ -136,9 +156,11 @@ class LighthouseSettingsWatch:
                     if rid not in status.members:
                         del self.pending[rid]
                         ev.last_drop_s = max(0.0, now - at)
+                        ev.last_drop_asked = self._asked.pop(rid, False)
                         log.info("evicted replica %s left the Lighthouse's quorum %.1fs after "
                                  "the kill", rid, ev.last_drop_s)
         self.pending = {rid: at for rid, at in self.pending.items() if now - at <= PENDING_MAX_S}
+        self._asked = {rid: a for rid, a in self._asked.items() if rid in self.pending}
         warnings = assess(self.ev)
         current = {w.setting: w for w in warnings}
         for setting, w in current.items():
@@ -151,6 +173,19 @@ class LighthouseSettingsWatch:
             self._logged_at.pop(setting, None)
         self.active = current
         return warnings
+
+    def _note_survivors(self, view: ClusterView) -> None:
+        """For each kill whose drop is already slow: were the other groups' ranks all in their
+        quorum call (asked at once), at every sweep since?"""
+        states = [r.state for gv in view.groups.values() for r in gv.reachable
+                  if r.fresh and r.state and r.replica_id not in self.pending]
+        if not states:
+            return
+        asking = all(s.get("phase") == "quorum" for s in states)
+        limit = SLOW_S + self.ev.interval_s + DROP_SLACK_S
+        for rid, at in self.pending.items():
+            if view.at >= at + limit:
+                self._asked[rid] = asking and self._asked.get(rid, True)
 
     def publish(self, metrics, job: str) -> None:
         """Set the gauges of monitor.api.metrics.MonitorMetrics."""
