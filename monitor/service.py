@@ -457,7 +457,7 @@ class Monitor:
         now = self.clock()
         self._lighthouse.update(error, now)
         self.lighthouse_status, self.lighthouse_error = status, error
-        self.lh_settings.observe(status, now)
+        self.lh_settings.observe(status, now, self.view)
 
     def blind_reason(self) -> str | None:
         """Why ranks cannot be verified right now (the rails then hold as ``monitor_blind``)."""
