@@ -143,7 +143,8 @@ def test_a_survivor_on_torchs_debug_server_is_skipped_once_not_tried(tmp_path, c
 
 @pytest.mark.parametrize("unreached", [False, True])
 def test_an_orphan_on_torchs_debug_server_is_never_said_told(caplog, unreached):
-    """Followed every 5 s for 20 s: one line, one note, neither saying it was told to exit."""
+    """Followed every 5 s for 20 s: one line, one note, neither saying it was told to exit nor
+    that it will be: it names the rank for its operator to stop."""
     url = "torch+http://127.0.0.1:9"
     view = view_of({url: {**state_of(url, 0), "group_rank": 1}})
     orphans = Orphans(RankCalls(TOKEN, timeout_s=5), grace_s=0.0)
@@ -155,5 +156,6 @@ def test_an_orphan_on_torchs_debug_server_is_never_said_told(caplog, unreached):
         orphans.exits.close()
     assert notes[0] is not None and notes[1:] == [None] * 3
     assert "torch's debug server" in notes[0] and not notes[0].startswith("told")
+    assert "stop rank(s)" in notes[0] and "yet" not in notes[0]  # never told: its operator's
     said = [r.getMessage() for r in caplog.records if r.name == "monitor.act.actions"]
     assert len(said) == 1 and not said[0].startswith("told"), said

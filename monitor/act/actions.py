@@ -189,6 +189,7 @@ class Orphans:
         if not ranks or since_kill_s < (0.0 if unreached else self.grace_s):
             return None
         names = ", ".join(rank_name(r) for r in ranks)
+        never: list[str] = []  # ranks no call reaches (torch's debug server)
         if not self.exits.token and unreached:
             note = (f"the Lighthouse's kill cannot reach a group out of its quorum and no "
                     f"--rank-exit-token is set: nothing but its operator can end it; stop "
@@ -199,8 +200,10 @@ class Orphans:
                     "group (or run ranks with LIGHTKEEPER_EXIT_TOKEN and the monitor with "
                     "--rank-exit-token)")
         else:
-            skipped = []
+            skipped, never = [], [rank_name(r) for r in ranks if is_torch(r.url)]
             for r in ranks:
+                if is_torch(r.url):  # no call can ever reach it: its operator's to stop
+                    continue
                 key = (decision_id, r.url)
                 told_at = self._told.get(key)
                 if told_at is not None and since_kill_s - told_at < self.RETELL_S:
@@ -222,18 +225,19 @@ class Orphans:
             # every rank told so far, not only this sweep's: the note changes only when an
             # outcome or the ranks left out do (a retell every 5 s appends nothing)
             told = [o for k, o in self._outcome.items() if k[0] == decision_id]
-            if not told and not skipped:
+            if not told and not skipped and not never:
                 return None
             whom = ("every rank of the group, which the Lighthouse's kill cannot reach out of its "
                     "quorum," if unreached else "rank(s) the Lighthouse's kill does not reach")
             note = "; ".join(
                 ([f"told {whom} to exit (POST /v1/exit): {'; '.join(told)}"] if told else [])
                 + ([f"not told to exit yet (checked again each sweep): {'; '.join(skipped)}"]
-                   if skipped else []))
+                   if skipped else [])
+                + ([f"stop rank(s) {', '.join(never)}: {TORCH_ONLY}"] if never else []))
         if self._said.get(decision_id) == note:
             return None
         self._said[decision_id] = note
-        if not self.exits.token:  # else only the audit row would say the ranks live on
+        if not self.exits.token or never:  # else only the audit row would say ranks live on
             log.warning("eviction of %s: %s", replica_id, note)
         return note
 
