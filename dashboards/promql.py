@@ -23,24 +23,12 @@ RI = "$__rate_interval"
 STEP = "$__interval"
 
 
-# A rank counts as scraped now while its info series has a sample this recent: two scrape
-# intervals (the shipped 15 s) plus the 10 s scrape timeout, so a slow rank's one failed scrape
-# (its staleness markers, which a range skips) while the next is in flight keeps it counted
-# (the straggler alert's `for` survives), and an evicted rank drops out within 40 s.
-SCRAPED_NOW = "40s"
-
-
-def scraped_now(sel: str = "") -> str:
-    """The ranks (``instance``) scraped now: ``and on (instance)`` this keeps only theirs."""
-    return f"last_over_time(lightkeeper_worker_info{{{sel}}}[{SCRAPED_NOW}])".replace("{}", "")
-
-
 # each group's slowest rank's compute a step (as the straggler alert's recording rule), of the
-# ranks scraped now: an evicted rank's rate reads its last minute for a minute more
+# ranks scraped now (their info series is current): an evicted rank's rate reads its last minute
 GROUP_COMPUTE = (f"max by (job, replica_group) "
                  f"(rate(lightkeeper_step_compute_seconds_sum{{{J}}}[{RI}]) "
                  f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]) "
-                 f"and on (instance) {scraped_now(J)})")
+                 f"and on (instance) lightkeeper_worker_info{{{J}}})")
 
 
 def new_series(m: str, window: str, seconds: str) -> str:
@@ -134,30 +122,21 @@ def step_events(metric: str, sel: str, by: str, standby: bool = True) -> str:
     return f"sum by ({by}) ({grew if standby else not_standby(grew)})"
 
 
-# How far back a rank's process and previous sample are looked for: a rank unscraped this long
-# (its pod not Ready, its host partitioned, forgotten and re-adopted by its monitor) counts what
-# grew across the gap once; one back after longer looks like a new process.
-WORKER_LOOKBACK = "15m"
-
-
 def worker_growth(metric: str, sel: str) -> str:
     """How much each series of worker counter ``metric`` (selector ``sel``) grew within the
     step: from its last sample before the step to its last within it.
 
     A rank is first scraped once Prometheus reads it in the monitor's file_sd, seconds after
     its start: a restarted rank has healed by then, so its counters can be first seen at 1,
-    which a difference or ``rate`` never counts. So a process new within the step counts its
-    whole value, a process restarted on the same address, or gone again before the step's
-    end, included. A process is its ``lightkeeper_worker_info``'s ``instance``, ``pid`` and
-    ``replica_id`` (torchft's, a new uuid per Manager: a container restarted in its pod keeps
-    its address and, in a fresh pid namespace, its pid), new when not seen in the
-    ``WORKER_LOOKBACK`` before. Any other counts its growth since its previous sample, across
-    a gap (failed scrapes, an unready pod) once. The range selectors' samples are held one
-    series at a time: what a query holds is about three of its rank-by-step results."""
-    m, info, s, w = f"{metric}{{{sel}}}", f"lightkeeper_worker_info{{{sel}}}", STEP, WORKER_LOOKBACK
+    which a difference or ``rate`` never counts. So a process new within the step (the pid of
+    its ``lightkeeper_worker_info``, on its ``instance``, not seen in the 5 minutes before)
+    counts its whole value, a process restarted on the same address, or gone again before the
+    step's end, included. Any other counts its growth since its previous sample: across a gap
+    (failed scrapes) once, and one back after its monitor forgot it is no new process."""
+    m, info, s = f"{metric}{{{sel}}}", f"lightkeeper_worker_info{{{sel}}}", STEP
     return (f"(last_over_time({m}[{s}]) and on (instance) (max_over_time({info}[{s}]) "
-            f"unless on (instance, pid, replica_id) last_over_time({info}[{w}] offset {s}))) "
-            f"or clamp_min(last_over_time({m}[{s}]) - last_over_time({m}[{w}] offset {s}), 0)")
+            f"unless on (instance, pid) last_over_time({info}[5m] offset {s}))) "
+            f"or clamp_min(last_over_time({m}[{s}]) - last_over_time({m}[5m] offset {s}), 0)")
 
 
 def group_steps(metric: str) -> str:

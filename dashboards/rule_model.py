@@ -65,29 +65,9 @@ def _worker(rg: int, extra: str = "") -> str:
             + (f", {extra}" if extra else ""))
 
 
-def computing(*sums: str, counts: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
-    """Group g's rank, scraped throughout, with ``sums[g]`` as its compute seconds' sum and
-    ``counts[g]`` (10 steps a scrape by default) as its count."""
-    counts = counts or ("0+10x20",) * len(sums)
-    return [(f"{name}{{{_worker(g)}}}", v) for g, (total, count) in enumerate(zip(sums, counts, strict=True))
-            for name, v in (("lightkeeper_worker_info", "1x20"),
-                            ("lightkeeper_step_compute_seconds_count", count),
-                            ("lightkeeper_step_compute_seconds_sum", total))]
-
-
-def _flaky(values: list[float], every: int = 6) -> str:
-    """``values`` as scraped when every ``every``-th scrape fails (its staleness markers)."""
-    return " ".join("stale" if i % every == every - 1 else f"{v:g}" for i, v in enumerate(values))
-
-
-# Group 2's rank computes 3x the others' a step and misses one scrape in six (a slow rank is the
-# one that hits the scrape timeout): the alert's `for` must survive its missed scrapes.
-FLAKY_STRAGGLER = [
-    (f"{name}{{{_worker(g)}}}", _flaky([f(i) for i in range(40)], 6 if g == 2 else 10**6))
-    for g in range(3)
-    for name, f in (("lightkeeper_worker_info", lambda i: 1),
-                    ("lightkeeper_step_compute_seconds_count", lambda i: 10 * i),
-                    ("lightkeeper_step_compute_seconds_sum", lambda i, g=g: (3 if g == 2 else 1) * i))]
+def worker_info(groups) -> list[tuple[str, str]]:
+    """The ``lightkeeper_worker_info`` series of the ranks of ``groups``, scraped throughout."""
+    return [(f"lightkeeper_worker_info{{{_worker(g)}}}", "1x20") for g in groups]
 
 
 # Group 1's rank computes 3x the others' until it is evicted at 3m (Prometheus stops scraping

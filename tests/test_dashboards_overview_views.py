@@ -72,12 +72,11 @@ def test_a_stalled_groups_nan_compute_is_left_out_of_the_median(tmp_path):
 
 def test_an_evicted_stragglers_rank_leaves_the_relative_compute_time_at_once(tmp_path):
     """Group 1's rank computed 3x the others until evicted at 3m, its replacement computes
-    like them: 45 s later (past the 40 s a rank counts as scraped after its last sample), while
-    a 1 m rate still holds the evicted rank's samples, every group reads 1 (as the straggler
-    alert's recording rule)."""
+    like them: 30 s later, while a 1 m rate still holds the evicted rank's samples, every
+    group reads 1 (as the straggler alert's recording rule)."""
     series = [{"series": s, "values": v} for s, v in EVICTED_STRAGGLER]
     _check(tmp_path, series, [{
-        "expr": _query("panel 'Relative compute time' A"), "eval_time": "3m45s",
+        "expr": _query("panel 'Relative compute time' A"), "eval_time": "3m30s",
         "exp_samples": [{"labels": f'{{job="train", replica_group="{g}"}}', "value": 1}
                         for g in range(3)]}])
 
