@@ -3,7 +3,6 @@ which it fires and stays silent (rendered by dashboards/rules.py)."""
 
 from __future__ import annotations
 
-from . import rule_model as RM
 from .rule_model import M2, NEVER_SWEPT, Alert, Case, M, Record, W, _worker, grown
 
 RECORDS = [
@@ -12,13 +11,10 @@ RECORDS = [
            "  / sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_count[1m]))"),
     # A straggler is the group the others wait for: its compute a step (step time less the
     # waits) stands out, while every group's step time stretches alike (docs/dashboards.md).
-    # Only ranks scraped now (their info series goes stale when a scrape fails or the target
-    # leaves): an evicted rank's rate reads its last minute for a minute more.
     Record("lightkeeper:replica_group_compute_seconds:max1m",
            "max by (job, replica_group) (\n"
            "  rate(lightkeeper_step_compute_seconds_sum[1m])\n"
-           "  / rate(lightkeeper_step_compute_seconds_count[1m])\n"
-           "  and on (instance) lightkeeper_worker_info)"),
+           "  / rate(lightkeeper_step_compute_seconds_count[1m]))"),
     Record("lightkeeper:replica_group_compute_seconds:relative1m",
            "lightkeeper:replica_group_compute_seconds:max1m\n"
            "  / on (job) group_left\n"
@@ -98,17 +94,15 @@ ALERTS = [
         "compute and waits per rank, follow the Python stacks link of the rank that computes "
         "longest; if it does not recover, evict it (the monitor does when not in dry run).",
         [Case("group 2 computes 3x longer a step",
-              RM.worker_info(range(3))
-              + [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
-                 for g in range(3)]
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
+               for g in range(3)]
               + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", "0+1x20")
                  for g in range(2)]
               + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(2)}}}", "0+3x20")],
               "4m", [{"job": "train", "replica_group": "2"}]),
          Case("group 1 is slow, so the others' step times stretch: only group 1 computes long",
-              RM.worker_info(range(3))
-              + [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
-                 for g in range(3)]
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
+               for g in range(3)]
               + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", s)
                  for g, s in ((0, "0+0.5x20"), (1, "0+3x20"), (2, "0+0.5x20"))]
               + [(f"lightkeeper_step_duration_seconds_count{{{_worker(g)}}}", "0+10x20")
@@ -117,21 +111,17 @@ ALERTS = [
                  for g, s in ((0, "0+3x20"), (1, "0+0.1x20"), (2, "0+3x20"))],
               "4m", [{"job": "train", "replica_group": "1"}]),
          Case("groups 2 and 3 stalled (0/0 a step), group 1 computes 4x group 0",
-              RM.worker_info(range(4))
-              + [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", v)
-                 for g, v in ((0, "0+10x20"), (1, "0+10x20"), (2, "50x20"), (3, "50x20"))]
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", v)
+               for g, v in ((0, "0+10x20"), (1, "0+10x20"), (2, "50x20"), (3, "50x20"))]
               + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", v)
                  for g, v in ((0, "0+1x20"), (1, "0+4x20"), (2, "5x20"), (3, "5x20"))],
               "4m", [{"job": "train", "replica_group": "1"}]),
          Case("all groups compute alike",
-              RM.worker_info(range(3))
-              + [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
-                 for g in range(3)]
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
+               for g in range(3)]
               + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", "0+1x20")
                  for g in range(3)],
-              "4m"),
-         Case("group 1's straggler evicted, its replacement computes like the others",
-              RM.EVICTED_STRAGGLER, "3m30s")]),
+              "4m")]),
     Alert(
         "LightkeeperJobNoProgress",
         # every rank stopped: the job ended; every rank starting (before its first quorum,

@@ -23,12 +23,10 @@ RI = "$__rate_interval"
 STEP = "$__interval"
 
 
-# each group's slowest rank's compute a step (as the straggler alert's recording rule), of the
-# ranks scraped now (their info series is current): an evicted rank's rate reads its last minute
+# each group's slowest rank's compute a step (as the straggler alert's recording rule)
 GROUP_COMPUTE = (f"max by (job, replica_group) "
                  f"(rate(lightkeeper_step_compute_seconds_sum{{{J}}}[{RI}]) "
-                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]) "
-                 f"and on (instance) lightkeeper_worker_info{{{J}}})")
+                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]))")
 
 
 def new_series(m: str, window: str, seconds: str) -> str:
@@ -122,27 +120,10 @@ def step_events(metric: str, sel: str, by: str, standby: bool = True) -> str:
     return f"sum by ({by}) ({grew if standby else not_standby(grew)})"
 
 
-def worker_growth(metric: str, sel: str) -> str:
-    """How much each series of worker counter ``metric`` (selector ``sel``) grew within the
-    step: from its last sample before the step to its last within it.
-
-    A rank is first scraped once Prometheus reads it in the monitor's file_sd, seconds after
-    its start: a restarted rank has healed by then, so its counters can be first seen at 1,
-    which a difference or ``rate`` never counts. So a process new within the step (the pid of
-    its ``lightkeeper_worker_info``, on its ``instance``, not seen in the 5 minutes before)
-    counts its whole value, a process restarted on the same address, or gone again before the
-    step's end, included. Any other counts its growth since its previous sample: across a gap
-    (failed scrapes) once, and one back after its monitor forgot it is no new process."""
-    m, info, s = f"{metric}{{{sel}}}", f"lightkeeper_worker_info{{{sel}}}", STEP
-    return (f"(last_over_time({m}[{s}]) and on (instance) (max_over_time({info}[{s}]) "
-            f"unless on (instance, pid) last_over_time({info}[5m] offset {s}))) "
-            f"or clamp_min(last_over_time({m}[{s}]) - last_over_time({m}[5m] offset {s}), 0)")
-
-
 def group_steps(metric: str) -> str:
     """A worker counter's growth since the previous step per replica group (its ranks count
     the same events: the most of any rank)."""
-    return f"max by (replica_group) ({worker_growth(metric, J)})"
+    return f"max by (replica_group) ({step_growth(f'{metric}{{{J}}}')})"
 
 
 # one marker at the first step that sees a new quorum id (changes() over one step sees one sample)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import panels as P
 from .common import LINKS, TAG, UID_DRILLDOWN, job_variable
 from .panels import Layout, stat, table, target, targets, timeseries
-from .promql import PHASE_COLORS, PHASES, RI, G, J, R, phase_code_expr, step_quantile, worker_growth
+from .promql import PHASE_COLORS, PHASES, RI, G, J, R, phase_code_expr, step_quantile
 
 
 def phase_mappings() -> list[dict]:
@@ -119,18 +119,12 @@ def rank_drilldown() -> dict:
     L.add(timeseries("Committed step per rank", "torchft's committed step on each rank.",
                      [target(f"lightkeeper_step{{{R}}}", "rank {{rank}}")]), 8, 7)
     L.add(timeseries(
-        "Commits, commit failures and heals per rank",
-        "Commits and commit failures per second; heals (bars, right axis) per interval, a "
-        "restarted rank's first heal included: it heals before Prometheus first scrapes it.",
+        "Commits, commit failures and heals per rank", "Per second, per rank.",
         targets((f"rate(lightkeeper_commits_total{{{R}}}[{RI}])", "rank {{rank}} commits"),
                 (f"rate(lightkeeper_commit_failures_total{{{R}}}[{RI}])",
                  "rank {{rank}} commit failures"),
-                (worker_growth("lightkeeper_heals_total", R), "rank {{rank}} heals")),
-        unit="suffix:/s", min_=0, overrides=[{
-            "matcher": {"id": "byRegexp", "options": "/ heals$/"},
-            "properties": [{"id": "unit", "value": "short"},
-                           {"id": "custom.axisPlacement", "value": "right"},
-                           {"id": "custom.drawStyle", "value": "bars"}]}]), 8, 7)
+                (f"rate(lightkeeper_heals_total{{{R}}}[{RI}])", "rank {{rank}} heals")),
+        unit="suffix:/s", min_=0), 8, 7)
     L.add(timeseries(
         "Quorum per rank", "Quorum id each rank is in, and whether it participates (0/1).",
         targets((f"lightkeeper_quorum_id{{{R}}}", "rank {{rank}} quorum id"),

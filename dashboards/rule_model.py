@@ -65,25 +65,6 @@ def _worker(rg: int, extra: str = "") -> str:
             + (f", {extra}" if extra else ""))
 
 
-def worker_info(groups) -> list[tuple[str, str]]:
-    """The ``lightkeeper_worker_info`` series of the ranks of ``groups``, scraped throughout."""
-    return [(f"lightkeeper_worker_info{{{_worker(g)}}}", "1x20") for g in groups]
-
-
-# Group 1's rank computes 3x the others' until it is evicted at 3m (Prometheus stops scraping
-# it: its series go stale); its replacement, on another address, computes like the others.
-_W1B = f'{W}, instance="w1b:9000", replica_group="1", rank="1", group_rank="0"'
-EVICTED_STRAGGLER = [
-    (f"{name}{{{w}}}", v)
-    for w, info, count, total in ((_worker(0), "1x20", "0+10x20", "0+1x20"),
-                                  (_worker(2), "1x20", "0+10x20", "0+1x20"),
-                                  (_worker(1), "1x12 stale", "0+10x12 stale", "0+3x12 stale"),
-                                  (_W1B, "_x12 1x8", "_x12 0+10x8", "_x12 0+1x8"))
-    for name, v in (("lightkeeper_worker_info", info),
-                    ("lightkeeper_step_compute_seconds_count", count),
-                    ("lightkeeper_step_compute_seconds_sum", total))]
-
-
 # a monitor up beside its ranks whose sweeps all fail: what it exports from its start, no sweep
 NEVER_SWEPT = [(f"up{{{M}}}", "1x40"), (f"lightkeeper_monitor_dry_run{{{M}}}", "0x40"),
                (f"lightkeeper_step{{{_worker(0)}}}", "1x40")]

@@ -92,9 +92,7 @@ def rules_test_document(alerts: list[Alert] | None = None, with_records: bool = 
             {"series": f'lightkeeper_step_compute_seconds_count{{{W}, instance="w1b:9000", '
                        'replica_group="1", rank="5", group_rank="1"}', "values": "0+1x20"},
             {"series": f'lightkeeper_step_compute_seconds_sum{{{W}, instance="w1b:9000", '
-                       'replica_group="1", rank="5", group_rank="1"}', "values": "0+1x20"}] + [
-            {"series": f'lightkeeper_worker_info{{{W}, instance="{i}"}}', "values": "1x20"}
-            for i in ("w0:9000", "w1:9000", "w1b:9000")],
+                       'replica_group="1", rank="5", group_rank="1"}', "values": "0+1x20"}],
         "promql_expr_test": [{
             "expr": "lightkeeper:replica_group_compute_seconds:relative1m",
             "eval_time": "4m",

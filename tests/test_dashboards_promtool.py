@@ -374,64 +374,6 @@ def test_event_markers_and_bars_count_each_event_once_at_grafanas_step(tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
 
 
-# Worker counters as real ranks show them (15 s scrapes, steps 7 s after): a rank is first
-# scraped seconds after its start, once the monitor's file_sd names it, so one restarted into a
-# running job has healed by then and is first seen at 1. Group 0's rank (born at 0) heals at
-# 30 s, misses its scrape at 45 s and heals again meanwhile; group 1's rank (born at 0) heals at
-# 45 s, is evicted (gone at 90 s) and replaced on another address, first scraped at 105 s at 1;
-# group 2's rank is born at 1, its scrape fails at 60 s and it is restarted on the same
-# address, a new process (pid) first scraped at 75 s at 1.
-_RANKS = {  # instance: (replica group, {pid: lightkeeper_worker_info}, heals)
-    "w0:9000": ("0", {"400": "1 1 1 stale 1x9"}, "0 0 1 stale 2x9"),
-    "w1:9000": ("1", {"100": "1x5 stale"}, "0 0 0 1 1 1 stale"),
-    "w1b:9000": ("1", {"200": "_x7 1x6"}, "_x7 1x6"),
-    "w2:9000": ("2", {"300": "1x3 stale", "301": "_x5 1x8"}, "1x3 stale 1x8"),
-}
-# each step's heals per replica group (None: no series at that step)
-_HEALS = {7: (0, 0, 1), 22: (0, 0, 0), 37: (1, 0, 0), 52: (None, 1, 0), 67: (1, 0, None),
-          82: (0, 0, 1), 97: (0, None, 0), 112: (0, 1, 0), 127: (0, 0, 0), 172: (0, 0, 0)}
-
-
-def test_heals_count_a_rank_first_scraped_already_healed_once(tmp_path):
-    """The Job overview's heals per group and the drill-down's per rank count each heal once:
-    a rank first seen at 1 (new, or a new process on the same address, or gone again within
-    the step) counts its heal, one first seen at 0 counts nothing, a scrape gap neither counts
-    an earlier heal again nor loses one made during it."""
-    series = []
-    for inst, (group, pids, heals) in _RANKS.items():
-        labels = f'job="train", instance="{inst}", replica_group="{group}", rank="{group}"'
-        series.append({"series": f"lightkeeper_heals_total{{{labels}}}", "values": heals})
-        series += [{"series": f'lightkeeper_worker_info{{{labels}, pid="{pid}"}}', "values": v}
-                   for pid, v in pids.items()]
-    overview = _dashboard_query("OVERVIEW", "panel 'Commit failures, heals and quorum changes' B")
-    drill = _dashboard_query("DRILLDOWN", "panel 'Commits, commit failures and heals per rank' C")
-    assert "lightkeeper_heals_total" in overview and "lightkeeper_heals_total" in drill
-    tests = []
-    for t, by_group in _HEALS.items():
-        rows = [{"labels": f'{{replica_group="{g}"}}', "value": v}
-                for g, v in enumerate(by_group) if v is not None]
-        tests += [{"expr": overview, "eval_time": f"{t}s", "exp_samples": rows},
-                  {"expr": f"sum by (replica_group) ({drill})", "eval_time": f"{t}s",
-                   "exp_samples": rows}]
-    # scraped every 5 s, a rank first seen at 1 at 20 s and gone at 30 s: the step at 30 s
-    # counts its heal, though no step sees a sample of it as its current value
-    short = 'job="train", instance="w3:9000", replica_group="3", rank="3"'
-    brief = [{"expr": e, "eval_time": f"{t}s", "exp_samples": [
-        {"labels": '{replica_group="3"}', "value": 1}] if t == 30 else []}
-        for t in (15, 30, 45) for e in (overview, f"sum by (replica_group) ({drill})")]
-    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
-           "tests": [{"name": "heals of restarted ranks", "interval": "15s",
-                      "input_series": series, "promql_expr_test": tests},
-                     {"name": "a rank gone within a step", "interval": "5s", "input_series": [
-                         {"series": s, "values": "_x4 1 1 stale"}
-                         for s in (f"lightkeeper_heals_total{{{short}}}",
-                                   f'lightkeeper_worker_info{{{short}, pid="9"}}')],
-                      "promql_expr_test": brief}]}
-    (tmp_path / "t.yml").write_text(dump(doc))
-    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-
-
 def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_etcd(tmp_path):
     """The shard series exist on sharded monitors only (the live job runs one monitor): a real
     shard and leader candidate whose etcd refuses connections, their MonitorMetrics read by
