@@ -53,9 +53,6 @@ def claims(state: dict[str, Any]) -> tuple:
             state.get("started_at"))
 
 
-_CLAIMED = ("replica_id_conflict", "group_rank_taken", "rank_taken")
-
-
 def _vouched(rv: RankView, c: tuple) -> bool:
     """Whether the same process, with the same claims, was evidence at its last verdict."""
     prev = rv.trust
@@ -121,13 +118,13 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
     check involves must be among them."""
     out: dict[str, Trust] = {}
     live: list[RankView] = []
-    gone: list[RankView] = []  # down, judged at their last answer
+    gone: list[RankView] = []  # evidence at their last answer
     for url, rv in ranks.items():
         if rv.reachable and rv.state is not None:
             live.append(rv)
         elif rv.trust is not None:
             out[url] = replace(rv.trust, stale=True)
-            if rv.trust.claims:
+            if rv.trust.evidence and rv.trust.claims:
                 gone.append(rv)
         else:
             out[url] = Trust(UNVERIFIED, "never_answered", "has not answered a valid /v1/state",
@@ -153,26 +150,20 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
 
     # replica id -> group -> claimants; and the groups that held it as evidence (live, or gone
     # with that last verdict): a stranger copying a group's id must not blind the monitor to
-    # that group. A gone claimant of a conflict stays a rival: a missed poll hands over nothing.
-    # A restart takes a new id (torchft adds a uuid), so gone ranks bar no restart.
+    # that group. A restart takes a new id (torchft adds a uuid), so gone holders bar no one.
     rid_groups: dict[str, dict[int, list[RankView]]] = defaultdict(lambda: defaultdict(list))
     owners: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
-    disputed: dict[str, set[int]] = defaultdict(set)
     for rv in passing:
         c = claims(rv.state)
         rid_groups[c[0]][c[1]].append(rv)
         if _standing(rv, c):
             owners[c[0]][c[1]].append(rv.url)
     for rv in gone:
-        c = rv.trust.claims
-        if rv.trust.evidence:
-            owners[c[0]][c[1]].append(rv.url)
-        elif rv.trust.reason == "replica_id_conflict":
-            disputed[c[0]].add(c[1])
+        owners[rv.trust.claims[0]][rv.trust.claims[1]].append(rv.url)
     by_group: dict[int, list[RankView]] = defaultdict(list)
     for rid, groups in rid_groups.items():
         held = owners.get(rid, {})
-        rivals = set(groups) | set(held) | disputed.get(rid, set())
+        rivals = set(groups) | set(held)
         keep = next(iter(held)) if len(held) == 1 else None  # else no telling: none counts
         for g, rvs in groups.items():
             if len(rivals) == 1 or g == keep:
@@ -198,31 +189,20 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
                     verdict[rv.url] = ("group_disagrees",
                                        f"replica group {g}'s ranks disagree on {name}: "
                                        f"{dict(counts)}")
-    for key, reason in ((lambda c: (c[1], c[2]), "group_rank_taken"),
-                        (lambda c: c[4], "rank_taken")):
+    for key, reason in ((lambda s: (s["replica_group"], s["group_rank"]), "group_rank_taken"),
+                        (lambda s: s["rank"], "rank_taken")):
         holders: dict[Any, list[RankView]] = defaultdict(list)
         for rv in live:
             if verdict[rv.url][0] == "ok":  # a claimant already caught lying is no rival
-                holders[key(claims(rv.state))].append(rv)
-        # a gone holder, or a gone claimant of a conflict, stays a rival of claimants with its
-        # replica id: a missed poll hands over nothing (a restart takes a new id)
-        down: dict[Any, list[RankView]] = defaultdict(list)
-        for rv in gone:
-            if rv.trust.evidence or rv.trust.reason == reason:
-                down[key(rv.trust.claims)].append(rv)
+                holders[key(rv.state)].append(rv)
         for k, rvs in holders.items():
-            rids = {rv.state.get("replica_id") for rv in rvs}
-            away = [rv for rv in down.get(k, ()) if rv.trust.claims[0] in rids]
-            if len(rvs) + len(away) > 1:
-                first = [rv.url for rv in rvs if _standing(rv, claims(rv.state))] + \
-                    [rv.url for rv in away if rv.trust.evidence]
+            if len(rvs) > 1:
+                first = [rv.url for rv in rvs if _standing(rv, claims(rv.state))]
                 kept = first if len(first) == 1 else []  # the incumbent keeps it
                 lost = [rv for rv in rvs if rv.url not in kept]
                 for rv in lost:
-                    verdict[rv.url] = (reason, f"{len(rvs) + len(away)} ranks claim {k}: "
-                                       f"{sorted(r.url for r in rvs + away)}"
-                                       + (f" ({sorted(r.url for r in away)} down)" if away
-                                          else ""))
+                    verdict[rv.url] = (reason, f"{len(rvs)} ranks that pass every other check "
+                                               f"claim {k}: {sorted(r.url for r in rvs)}")
                 _contested(reason, str(k), kept, lost)
     for rv in live:
         reason, detail = verdict[rv.url]
@@ -235,10 +215,6 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
         out[rv.url] = Trust(VERIFIED if ok else UNVERIFIED, reason,
                             detail + "; it said it stopped, verified before" if stop else detail,
                             ok or stop, c, now)
-        was = rv.trust
-        if ok and was is not None and was.reason in _CLAIMED and (was.claims or ())[:5] == c[:5]:
-            log.warning("%s: %s, no evidence under that identity before, is now: no rival "
-                        "claims it any more", was.reason, rv.url)
     return out
 
 
