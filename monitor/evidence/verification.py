@@ -4,7 +4,6 @@ can claim any identity, so only verified answers are evidence (docs/monitor.md, 
 
 from __future__ import annotations
 
-import logging
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -12,8 +11,6 @@ from typing import Any
 
 from .lighthouse_status import LighthouseStatus
 from .rank import RankView
-
-log = logging.getLogger(__name__)
 
 VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"
 REASONS = ("ok", "no_replica_id", "unknown_replica_id", "quorum_ahead", "not_in_quorum",
@@ -59,23 +56,6 @@ def _vouched(rv: RankView, c: tuple) -> bool:
     return prev is not None and prev.evidence and prev.claims == c
 
 
-def _standing(rv: RankView, c: tuple) -> bool:
-    """Whether this URL was evidence at its last verdict under identity ``c`` (replica id,
-    group, group rank, world size, rank; its process aside): an incumbent."""
-    prev = rv.trust
-    return prev is not None and prev.evidence and (prev.claims or ())[:5] == c[:5]
-
-
-def _contested(reason: str, what: str, kept: list[str], lost: list[RankView]) -> None:
-    """One WARNING as a conflict starts: when one of its losers had another verdict before."""
-    if all(rv.trust is not None and rv.trust.reason == reason
-           and (rv.trust.claims or ())[:5] == claims(rv.state)[:5] for rv in lost):
-        return
-    log.warning("%s: %s claimed by %s; %s", reason, what, sorted(kept + [r.url for r in lost]),
-                f"{sorted(kept)} verified before keep it, the rest are no evidence" if kept
-                else "none verified before: none is evidence")
-
-
 def as_int(v: Any) -> int | None:
     """``v`` if it is an int (not a bool), else None."""
     return v if isinstance(v, int) and not isinstance(v, bool) else None
@@ -118,14 +98,11 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
     check involves must be among them."""
     out: dict[str, Trust] = {}
     live: list[RankView] = []
-    gone: list[RankView] = []  # evidence at their last answer
     for url, rv in ranks.items():
         if rv.reachable and rv.state is not None:
             live.append(rv)
         elif rv.trust is not None:
             out[url] = replace(rv.trust, stale=True)
-            if rv.trust.evidence and rv.trust.claims:
-                gone.append(rv)
         else:
             out[url] = Trust(UNVERIFIED, "never_answered", "has not answered a valid /v1/state",
                              False, None, None, True)
@@ -148,34 +125,18 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
     verdict = {rv.url: _check_against_lighthouse(rv.state, lighthouse) for rv in live}
     passing = [rv for rv in live if verdict[rv.url][0] == "ok"]
 
-    # replica id -> group -> claimants; and the groups that held it as evidence (live, or gone
-    # with that last verdict): a stranger copying a group's id must not blind the monitor to
-    # that group. A restart takes a new id (torchft adds a uuid), so gone holders bar no one.
-    rid_groups: dict[str, dict[int, list[RankView]]] = defaultdict(lambda: defaultdict(list))
-    owners: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    groups_of_rid: dict[str, set[int]] = defaultdict(set)
     for rv in passing:
-        c = claims(rv.state)
-        rid_groups[c[0]][c[1]].append(rv)
-        if _standing(rv, c):
-            owners[c[0]][c[1]].append(rv.url)
-    for rv in gone:
-        owners[rv.trust.claims[0]][rv.trust.claims[1]].append(rv.url)
+        groups_of_rid[rv.state["replica_id"]].add(rv.state["replica_group"])
     by_group: dict[int, list[RankView]] = defaultdict(list)
-    for rid, groups in rid_groups.items():
-        held = owners.get(rid, {})
-        rivals = set(groups) | set(held)
-        keep = next(iter(held)) if len(held) == 1 else None  # else no telling: none counts
-        for g, rvs in groups.items():
-            if len(rivals) == 1 or g == keep:
-                by_group[g] += rvs
-                continue
-            for rv in rvs:
-                verdict[rv.url] = ("replica_id_conflict", f"replica group(s) {sorted(rivals - {g})}"
-                                   f" claim {rid!r} too" + ("" if keep is None else
-                                                          f"; group {keep} held it first"))
-        if len(rivals) > 1:
-            _contested("replica_id_conflict", repr(rid), held.get(keep, []),
-                       [rv for g, rvs in groups.items() if g != keep for rv in rvs])
+    for rv in passing:
+        rid = rv.state["replica_id"]
+        if len(groups_of_rid[rid]) > 1:
+            others = sorted(groups_of_rid[rid] - {rv.state["replica_group"]})
+            verdict[rv.url] = ("replica_id_conflict",
+                               f"replica group(s) {others} claim {rid!r} too")
+        else:
+            by_group[rv.state["replica_group"]].append(rv)
     for g, ranks in by_group.items():
         for key, name in ((lambda s: s["replica_id"], "replica_id"),
                           (lambda s: s["group_world_size"], "group_world_size")):
@@ -197,13 +158,9 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
                 holders[key(rv.state)].append(rv)
         for k, rvs in holders.items():
             if len(rvs) > 1:
-                first = [rv.url for rv in rvs if _standing(rv, claims(rv.state))]
-                kept = first if len(first) == 1 else []  # the incumbent keeps it
-                lost = [rv for rv in rvs if rv.url not in kept]
-                for rv in lost:
+                for rv in rvs:
                     verdict[rv.url] = (reason, f"{len(rvs)} ranks that pass every other check "
                                                f"claim {k}: {sorted(r.url for r in rvs)}")
-                _contested(reason, str(k), kept, lost)
     for rv in live:
         reason, detail = verdict[rv.url]
         ok, c = reason == "ok", claims(rv.state)
