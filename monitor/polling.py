@@ -33,8 +33,9 @@ FR_DRILLED_QUERY, FR_LEADERS_QUERY = f"?last={FR_LAST}", f"?pg=torchft&last={FR_
 _FR_ASKED = {FR_DRILLED_QUERY: FR_LAST, FR_LEADERS_QUERY: FR_LAST_LEADERS}
 # an answer to ?last=N: N entries of 32 KiB (torch's JSON entry is ~0.5 KB, no stack frames:
 # room for a coalesced collective of ~1,000 tensors) after a head (pg_config, ...) of 1 MiB;
-# --max-fr-bytes bounds the whole dump (a 400's fallback)
-FR_ENTRY_BYTES, FR_HEAD_BYTES = 32 << 10, 1 << 20
+# --max-fr-bytes bounds the whole dump (a 400's fallback); the head also carries up to 256
+# torchft incarnations, each naming one global rank a replica group (~16 bytes of JSON each)
+FR_ENTRY_BYTES, FR_HEAD_BYTES, FR_GROUP_HEAD_BYTES = 32 << 10, 1 << 20, 256 * 16
 EARLY_FR_GROUPS = 8  # more blocked groups at once is no single hang: not asked early
 ASK_LEAD = 1.25  # the next sweep is asked this many last polling times before it starts
 GC_FULL_EVERY = 100  # sweeps between full collections while frozen
@@ -291,7 +292,8 @@ class Polling:
                 if urls:
                     wait = self.fr_bound.wait_s(urls)
                     self._fr_ahead[query] = (set(urls), self.poller.start(
-                        urls, "/v1/fr_trace" + query, wait, self.fr_answer_bytes(query)), wait)
+                        urls, "/v1/fr_trace" + query, wait,
+                        self.fr_answer_bytes(query, len(view.groups))), wait)
         except Exception:
             log.exception("could not ask the Flight Recorder early")
 
@@ -305,6 +307,7 @@ class Polling:
             return {}
         self._fr_looked_at = now
         self.fr_bound.keep(view.ranks)
+        self._fr_refused &= view.ranks.keys()  # forgotten ranks
         plan = self.plan if self.plan is not None else self.schedule.last
         every_rank = plan is None or not self.schedule.active(len(view.ranks))
         # only a look at every rank is hastened by a short window (Detectors.fr_interval): with
@@ -354,7 +357,7 @@ class Polling:
                 dumps[rv.rank] = d
         if rest:
             got.update(self._fetch(rest, "/v1/fr_trace" + query, None,
-                                   self.fr_answer_bytes(query)))
+                                   self.fr_answer_bytes(query, len(view.groups))))
         refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:  # their whole dumps: no earlier answer says how long those take
             got.update(self._fetch(refused, "/v1/fr_trace", self.cfg.fr_timeout_s))
@@ -382,12 +385,13 @@ class Polling:
             dumps[rv.rank] = p.data
         return dumps
 
-    def fr_answer_bytes(self, query: str) -> int:
-        """The largest answer to ``/v1/fr_trace`` + ``query`` read: what its ``last`` entries
-        need, at most ``--max-fr-bytes``."""
+    def fr_answer_bytes(self, query: str, groups: int) -> int:
+        """The largest answer to ``/v1/fr_trace`` + ``query`` read in a job of ``groups``
+        replica groups: what its head and ``last`` entries need, at most ``--max-fr-bytes``."""
         last = _FR_ASKED.get(query)
         most = self.cfg.max_fr_bytes
-        return most if last is None else min(most, FR_HEAD_BYTES + last * FR_ENTRY_BYTES)
+        return most if last is None else min(
+            most, FR_HEAD_BYTES + groups * FR_GROUP_HEAD_BYTES + last * FR_ENTRY_BYTES)
 
     def _fetch(self, urls: list[str], path: str, wait: float | None = None,
                max_bytes: int | None = None) -> dict[str, RankPoll]:

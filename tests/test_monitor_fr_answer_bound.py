@@ -14,12 +14,22 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from monitor.analysis import normalize
 from monitor.config import MonitorConfig
 from monitor.evidence.view import ViewBuilder
-from monitor.polling import FR_ENTRY_BYTES, FR_HEAD_BYTES, FR_LAST
+from monitor.polling import (
+    FR_DRILLED_QUERY,
+    FR_ENTRY_BYTES,
+    FR_GROUP_HEAD_BYTES,
+    FR_HEAD_BYTES,
+    FR_LAST,
+    FR_LEADERS_QUERY,
+)
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks
+from worker_server.endpoints import filter_fr_dump
 
 
 def _entry(i: int, **extra) -> dict:
@@ -54,7 +64,7 @@ def _fr_dumps(sim: SimRanks, looks: int = 1) -> dict[int, dict]:
 
 
 def test_an_answer_past_what_its_last_entries_need_is_refused(caplog):
-    bound = FR_HEAD_BYTES + FR_LAST * FR_ENTRY_BYTES
+    bound = FR_HEAD_BYTES + 2 * FR_GROUP_HEAD_BYTES + FR_LAST * FR_ENTRY_BYTES  # 2 groups
     pad = "x" * (1 << 20)
     sim = SimRanks.start(2)
     try:
@@ -109,3 +119,27 @@ def test_a_real_workerservers_entry_is_a_small_part_of_the_bound(tmp_path):
     sizes = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(sizes) == 150
     assert max(sizes) * 32 < FR_ENTRY_BYTES
+
+
+@pytest.mark.parametrize("groups", [3, 1_250, 12_500])
+def test_a_real_answer_with_every_incarnation_of_a_large_job_is_within_the_bound(groups):
+    """The WorkerServer's filtered answer keeps every torchft incarnation (up to 256), each
+    naming one global rank a replica group: a job of 12,500 groups of 8 after 256 quorums is
+    still read, whichever query."""
+    doc = _dump(0, [_entry(i) for i in range(2000)])
+    doc["incarnations"] = [
+        {"pg_id": 10 + q, "pg_name": f"torchft_quorum_{q}", "quorum_id": q, "group_rank": 0,
+         "replica_rank": 3, "replica_world_size": groups,
+         "global_ranks": [g * 8 for g in range(groups)], "first_record_id": 100 * q,
+         "started_ns": 1_700_000_000_000_000_000 + q} for q in range(256)]
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    cfg = MonitorConfig(port=0)
+    with tempfile.TemporaryDirectory() as d:
+        mon = Monitor(MonitorConfig(port=0, state_path=os.path.join(d, "m.db")))
+        try:
+            for query, pg, last in ((FR_LEADERS_QUERY, "torchft", 64),
+                                    (FR_DRILLED_QUERY, None, FR_LAST)):
+                size = len(filter_fr_dump(raw, pg, last))
+                assert size <= mon.polling.fr_answer_bytes(query, groups) <= cfg.max_fr_bytes
+        finally:
+            mon.stop()
