@@ -342,7 +342,7 @@ class MonitorConfig:
                                 "largest /v1/state answer read from a rank, bytes")
     max_fr_bytes: int = flag(64 << 20, "--max-fr-bytes",
                              "largest whole /v1/fr_trace dump read from a rank, bytes (an "
-                             "answer to ?last=N: at most 1 MiB + N x 32 KiB)")
+                             "answer to ?last=N: at most 1 MiB + 4 KiB a replica group + N x 32 KiB)")
     lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page
     # as the operator declares them (None: not stated): the slow-recovery warning only
     lighthouse_heartbeat_timeout_ms: int | None = None
