@@ -159,3 +159,33 @@ def test_an_orphan_on_torchs_debug_server_is_never_said_told(caplog, unreached):
     assert "stop rank(s)" in notes[0] and "yet" not in notes[0]  # never told: its operator's
     said = [r.getMessage() for r in caplog.records if r.name == "monitor.act.actions"]
     assert len(said) == 1 and not said[0].startswith("told"), said
+
+
+@pytest.mark.parametrize("groups, lost, told, blind", [
+    (2, {1}, set(), False), (3, {1}, set(), False), (3, {1, 2}, set(), True),
+    (4, {1, 2, 3}, set(), True),
+    # the monitor's own kill is no group lost: one lost against one reached acts, as with 2
+    (3, {1}, {2}, False), (5, {2, 3}, {4}, False)])
+def test_reach_for_the_survivors_abort_leaves_out_lost_groups_no_more_than_reached(
+        groups, lost, told, blind):
+    """``Enforcer.blind_to_kills(unheard=True)`` on views of one-rank groups: groups the
+    monitor reaches none of and the Lighthouse does not hear leave the count while they are no
+    more than the groups reached; groups it told to go always leave it."""
+    from types import SimpleNamespace as NS
+
+    from monitor.act.enforcer import Enforcer
+    from monitor.config import RailsConfig
+
+    view = {}
+    for g in range(groups):
+        r = NS()
+        view[g] = NS(replica_id=f"r{g}", ranks=[r],
+                     reachable=[] if g in lost | told else [r])
+    up = sum(len(gv.reachable) for gv in view.values())
+    ev = NS(groups=view, counts=(groups, up, {}), evidence_view=None)
+    heard = {f"r{g}" for g in range(groups) if g not in lost | told}
+    lighthouse = NS(heartbeating=lambda rid: rid in heard)
+    me = NS(store=NS(told_to_go_replica_ids=lambda: {f"r{g}" for g in told}),
+            blind=lambda: None, cfg=NS(rails=RailsConfig()))
+    got = Enforcer.blind_to_kills(me, NS(evidence_view=ev), lighthouse, unheard=True)
+    assert (got is not None) is blind, got

@@ -234,7 +234,7 @@ class Enforcer:
         if unheard and lighthouse is not None:
             groups = (view.evidence_view or view).groups.values()
             lost = {gv.replica_id for gv in groups if gv.replica_id and not gv.reachable
-                    and not lighthouse.heartbeating(gv.replica_id)}
+                    and not lighthouse.heartbeating(gv.replica_id)} - gone  # not its own kills
             # more groups lost than reached: the monitor and the Lighthouse may be the ones
             # cut off together (say, on one group's node), not the job
             if len(lost) <= sum(1 for gv in groups if gv.reachable):
