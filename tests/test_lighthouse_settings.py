@@ -132,7 +132,8 @@ def test_a_slow_drop_names_min_replicas_when_the_survivors_asked_at_once(survivo
     w.observe(status(3, [_rid(0), _rid(1)], {**hb, "old": 1.2}, ["old"]), now=9.0)
     w.kill_sent(_rid(1), now=10.0)
     for t in range(11, 42):  # the evicted group's rank still answers for a while
-        phases = {0: survivor(t), **({1: "allreduce"} if t < 13 else {})}
+        phases = {0: survivor(t), **({1: "allreduce"} if t < 13 else {}),
+                  **({2: "starting"} if t >= 38 else {})}  # the replacement, not yet a member
         w.observe(status(3, [_rid(0), _rid(1)], hb), float(t), _ranks(t - 1.0, phases))
     # a replacement joined: the quorum forms, without the evicted group
     w.observe(status(4, [_rid(0), _rid(2)], {**hb, _rid(2): 0.1}), 42.5,

@@ -139,8 +139,8 @@ class LighthouseSettingsWatch:
                 view: ClusterView | None = None) -> list[SettingWarning]:
         """Learn from one sweep's status (None: unreadable) and the ranks' newest ``view``;
         returns the warnings that hold."""
-        if view is not None:
-            self._note_survivors(view)
+        if view is not None and status is not None and status.quorum_id is not None:
+            self._note_survivors(view, status.members)
         if status is not None:
             ev = self.ev
             for rid, age in status.heartbeats.items():
@@ -174,11 +174,13 @@ class LighthouseSettingsWatch:
         self.active = current
         return warnings
 
-    def _note_survivors(self, view: ClusterView) -> None:
-        """For each kill whose drop is already slow: were the other groups' ranks all in their
-        quorum call (asked at once), at every sweep since?"""
+    def _note_survivors(self, view: ClusterView, members) -> None:
+        """For each kill whose drop is already slow: were the survivors' ranks (of the
+        Lighthouse's quorum ``members``, not the killed ones) all in their quorum call (asked at
+        once), at every sweep since? A replacement or spare still starting is no survivor."""
         states = [r.state for gv in view.groups.values() for r in gv.reachable
-                  if r.fresh and r.state and r.replica_id not in self.pending]
+                  if r.fresh and r.state and r.replica_id in members
+                  and r.replica_id not in self.pending and r.state.get("phase") != "starting"]
         if not states:
             return
         asking = all(s.get("phase") == "quorum" for s in states)
