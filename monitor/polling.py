@@ -293,7 +293,7 @@ class Polling:
                     wait = self.fr_bound.wait_s(urls)
                     self._fr_ahead[query] = (set(urls), self.poller.start(
                         urls, "/v1/fr_trace" + query, wait,
-                        self.fr_answer_bytes(query, len(view.groups))), wait)
+                        self.fr_answer_bytes(query, job_groups(view))), wait)
         except Exception:
             log.exception("could not ask the Flight Recorder early")
 
@@ -357,7 +357,7 @@ class Polling:
                 dumps[rv.rank] = d
         if rest:
             got.update(self._fetch(rest, "/v1/fr_trace" + query, None,
-                                   self.fr_answer_bytes(query, len(view.groups))))
+                                   self.fr_answer_bytes(query, job_groups(view))))
         refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:  # their whole dumps: no earlier answer says how long those take
             got.update(self._fetch(refused, "/v1/fr_trace", self.cfg.fr_timeout_s))
@@ -398,6 +398,12 @@ class Polling:
         most = self.cfg.max_fr_bytes if max_bytes is None else max_bytes
         return self.fr_bound.fetch(
             urls, lambda live, w: self.poller.sweep(live, path, w, most), wait)
+
+
+def job_groups(view: ClusterView) -> int:
+    """The job's replica groups: a shard's view holds only its slice, while every rank's
+    incarnations name one global rank for each group of the job."""
+    return max(len(view.groups), view.quorum_participants() or 0)
 
 
 def _newest(dump: dict, last: int | None) -> None:

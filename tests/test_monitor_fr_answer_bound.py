@@ -143,3 +143,15 @@ def test_a_real_answer_with_every_incarnation_of_a_large_job_is_within_the_bound
                 assert size <= mon.polling.fr_answer_bytes(query, groups) <= cfg.max_fr_bytes
         finally:
             mon.stop()
+
+
+def test_a_shards_bound_is_sized_by_the_jobs_groups_not_its_slice():
+    """A shard's view holds its slice of the groups; the ranks' incarnations name every group of
+    the job (the quorum's participants, as the ranks report them)."""
+    from types import SimpleNamespace as NS
+
+    from monitor.polling import job_groups
+
+    slice_ = NS(groups=dict.fromkeys(range(1_562)), quorum_participants=lambda: 12_500)
+    assert job_groups(slice_) == 12_500
+    assert job_groups(NS(groups=dict.fromkeys(range(3)), quorum_participants=lambda: None)) == 3
