@@ -25,7 +25,7 @@ import requests
 
 from tests.support.demo import RunningDemo, get_json
 
-# solo: the demo's lock is machine-wide
+# solo: its six ranks fill both cores; a second demo beside it would fail on the demo's lock
 pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 
