@@ -25,7 +25,7 @@ from .model import (
     GroupKey,
     GroupTrace,
     RankTrace,
-    combine,
+    Signature,
     looks_nccl,
     make_signature,
     status_fields,
@@ -385,21 +385,19 @@ def _irregular(seqs: Sequence[int], sigs: list, states: list, created: Sequence,
     sequence ids; a coalesced one gets a new signature of its parts."""
     trace = GroupTrace(first_seq=seqs[0])
     prev_seq = None
+    run: list[int] = []  # the signature ids of the entries at prev_seq, the newest collective
     for seq, sig, state, when, dur in zip(seqs, sigs, states, created, durations, strict=True):
         pos = seq - trace.first_seq
         n = len(trace.sigs)
         if seq == prev_seq:
-            before = trace.sigs[pos]
-            combo = ("coalesced", before, sig)
-            cid = sig_ids.get(combo)
-            if cid is None:
-                cid = sig_ids[combo] = len(signatures)
-                signatures.append(combine(signatures[before], signatures[sig]))
-            trace.sigs[pos] = cid
+            run.append(sig)
             trace.states[pos] = min(trace.states[pos], state)
             if dur == dur:
                 trace.duration_ms[pos] = dur
             continue
+        if len(run) > 1:
+            trace.sigs[-1] = _coalesced(run, signatures, sig_ids)
+        run = [sig]
         if pos < n:
             # sequence ids went back: a new group reused the name; keep the newest run only
             trace = GroupTrace(first_seq=seq)
@@ -416,7 +414,22 @@ def _irregular(seqs: Sequence[int], sigs: list, states: list, created: Sequence,
         trace.created_ns.append(when)
         trace.duration_ms.append(dur)
         prev_seq = seq
+    if len(run) > 1:
+        trace.sigs[-1] = _coalesced(run, signatures, sig_ids)
     return trace
+
+
+def _coalesced(run: list[int], signatures: list, sig_ids: dict[Any, int]) -> int:
+    """The id of the coalesced signature of a run's parts, built once for the whole run (one
+    per prefix would cost n**2), keyed by its parts' ids: equal runs share it."""
+    if signatures[run[0]].op == "coalesced":
+        run = run[1:]  # a bare closing entry first has no parts of its own to give
+    key = ("coalesced", *run)
+    cid = sig_ids.get(key)
+    if cid is None:
+        cid = sig_ids[key] = len(signatures)
+        signatures.append(Signature("coalesced", None, None, (), (), tuple(map(signatures.__getitem__, run))))
+    return cid
 
 
 def _group_trace(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
