@@ -76,9 +76,10 @@ class Job:
 
     def steps(self, n: int, *, late_group: dict[int, float] | None = None,
               slow_rank: dict[int, float] | None = None, noise: float = 0.03,
-              now: float = T0) -> None:
+              now: float = T0, lockstep: bool = False) -> None:
         """``n`` committed steps. ``late_group`` {group: s}: the whole group arrives s late at
-        the cross-group all_reduce; ``slow_rank`` {rank: s}: one rank computes s longer, its group
+        the cross-group all_reduce (``lockstep``: it computed s longer, so its steps are as long
+        as the others'); ``slow_rank`` {rank: s}: one rank computes s longer, its group
         peers wait for it in-group, then every other group waits for the group."""
         late_group, slow_rank = late_group or {}, slow_rank or {}
         for _ in range(n):
@@ -93,6 +94,7 @@ class Job:
                 peers_slow = [q for q in slow_rank if self.group_of(q) == g and q != r]
                 group += max((slow_rank[q] for q in peers_slow), default=0.0)
                 compute = self.step_s * 0.3 + slow_rank.get(r, 0.0)
+                compute += late_group.get(g, 0.0) if lockstep else 0.0
                 row = {"step": self.step, "compute_s": compute, "wait_cross_s": cross,
                        "wait_group_s": group, "step_s": compute + cross + group}
                 s["timing"]["recent"] = (s["timing"]["recent"] + [row])[-16:]
@@ -234,11 +236,12 @@ def test_groups_spread_apart_under_load_is_no_straggler():
 
 def test_two_late_groups_of_three_are_both_found():
     """Two stragglers at once: each one's lag against the one group that is not late (the
-    median of the other two would halve it)."""
+    median of the other two would halve it). In lockstep: a late group's steps are as long as
+    the healthy one's, else the healthy one's wait would exceed the median step (a lie)."""
     job = Job()
     det = Detectors(DetectorConfig())
     job.steps(10, now=T0)
-    found, _ = run(det, job, 6, T0, late_group={1: 0.5, 2: 0.5})
+    found, _ = run(det, job, 6, T0, late_group={1: 0.5, 2: 0.5}, lockstep=True)
     assert sorted((f.kind, f.replica_group) for _, f in found) == [("straggler", 1),
                                                                   ("straggler", 2)]
     for _, f in found:
@@ -724,7 +727,8 @@ def test_a_noisy_straggler_is_confirmed_within_two_windows_and_noise_alone_never
 
 
 def test_straggler_matrix_of_groups_with_unequal_polled_ranks_is_the_per_step_max():
-    """The cross-group matrix is each group's most-waiting polled rank per step, with every
+    """The cross-group matrix is each group's most-waiting polled rank per step (a wait cut to
+    the lockstep: the step's median step time less the rank's compute), with every
     polled rank's step times in the median step time: groups of 3 polled ranks beside one
     with a rank down (2 rows), so each group's maximum is taken over a different number of
     ranks (numpy's reduceat at each group's first rank); the evidence equals the per-step
@@ -744,8 +748,13 @@ def test_straggler_matrix_of_groups_with_unequal_polled_ranks_is_the_per_step_ma
         return next(r for r in job.states[rank]["timing"]["recent"] if r["step"] == step)
 
     up = {g: [r for r in job.members(g) if r not in job.down] for g in range(job.n)}
-    cross = {g: [max(row(r, s)["wait_cross_s"] for r in up[g]) for s in window]
-             for g in range(job.n)}
+    lockstep = {s: statistics.median(row(r, s)["step_s"] for g in up.values() for r in g)
+                for s in window}
+
+    def wait(r: int, s: int) -> float:
+        return min(row(r, s)["wait_cross_s"], max(lockstep[s] - row(r, s)["compute_s"], 0.0))
+
+    cross = {g: [max(wait(r, s) for r in up[g]) for s in window] for g in range(job.n)}
     assert ev["cross_wait_s"] == {str(g): round(statistics.median(v), 4)
                                   for g, v in cross.items()}
     step_times = [row(r, s)["step_s"] for g in up.values() for r in g for s in window]

@@ -248,7 +248,12 @@ class Straggler:
                      "%d-%d); stragglers are judged", window[0], window[-1])
             self.apart_since = None
         timings = self.memory.seconds(slots, window)  # polled rank x window x TIMING_KEYS
-        cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
+        steps_s = np.median(timings[:, :, STEP_S], axis=0)
+        # the cross-group all_reduce keeps a quorum's groups in lockstep: no rank waits there
+        # longer than the ranks' median step less its own compute; one serving more is cut
+        waits = np.minimum(timings[:, :, WAIT_CROSS_S],
+                           np.maximum(steps_s - timings[:, :, COMPUTE_S], 0.0))
+        cross = np.maximum.reduceat(waits, starts, axis=0)
         med_step = float(np.median(timings[:, :, STEP_S]))
         # a group's own work a step: its step outside the cross-group wait, its busiest rank's
         own = np.maximum.reduceat(timings[:, :, STEP_S] - timings[:, :, WAIT_CROSS_S], starts,
@@ -264,7 +269,6 @@ class Straggler:
         self.last_lags = dict(zip(order, [round(v, 4) for v in
                                           np.maximum(med_lags, 0.0).tolist()], strict=True))
         meds = np.median(timings, axis=(0, 1)).tolist()
-        steps_s = np.median(timings[:, :, STEP_S], axis=0)
         self.last_window = Window(window[0], window[-1], meds[STEP_S], meds[COMPUTE_S],
                                   meds[WAIT_CROSS_S], meds[WAIT_GROUP_S], threshold,
                                   self.last_lags, steps_s)
