@@ -132,8 +132,7 @@ def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:
 
 def _shared_id(sig: Signature, table: list[Signature], ids: dict[Any, int],
                known: dict[int, int]) -> int:
-    # a coalesced one by its parts' ids: a run of n parts makes n prefixes, whose shapes hashed
-    # again part by part would cost n**2 of them
+    # a coalesced one by its parts' ids: a long run's shapes are not hashed a second time
     key: Any = sig
     if sig.parts:
         parts = tuple(map(known.get, map(id, sig.parts)))

@@ -179,8 +179,3 @@ def make_signature(op: str, ins: Any, outs: Any, idt: Any, odt: Any) -> Signatur
     if op in SIZES_MAY_DIFFER:
         return Signature(op, None, None, tuple(idt or ()), tuple(odt or ()))
     return Signature(op, _sizes(ins), _sizes(outs), tuple(idt or ()), tuple(odt or ()))
-
-
-def combine(first: Signature, nxt: Signature) -> Signature:
-    parts = (first.parts if first.op == "coalesced" else (first,)) + (nxt,)
-    return Signature("coalesced", None, None, (), (), parts)
