@@ -3,6 +3,7 @@ which it fires and stays silent (rendered by dashboards/rules.py)."""
 
 from __future__ import annotations
 
+from .promql import RANK_HEALS, RANK_HEALS_EXPR
 from .rule_model import M2, NEVER_SWEPT, Alert, Case, M, Record, W, _worker, grown
 
 RECORDS = [
@@ -24,6 +25,7 @@ RECORDS = [
     Record("lightkeeper:replica_group_commits:rate1m",
            "max by (job, replica_group) (rate(lightkeeper_commits_total[1m]))"),
     Record("lightkeeper:job_step:max", "max by (job) (lightkeeper_step)"),
+    Record(RANK_HEALS, RANK_HEALS_EXPR),
 ]
 
 ALERTS = [

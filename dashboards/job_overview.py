@@ -12,6 +12,7 @@ from .promql import (
     RI,
     J,
     active_sum,
+    group_heals,
     group_steps,
     not_standby,
     step_events,
@@ -91,10 +92,11 @@ def job_overview() -> dict:
     L.add(timeseries(
         "Commit failures, heals and quorum changes",
         "Per replica group and interval: steps whose should_commit returned False, recoveries "
-        "from a peer, and process-group rebuilds.",
+        "from a peer (recorded by rules.yml, a restarted rank's heal before its first scrape "
+        "included), and process-group rebuilds.",
         targets((group_steps("lightkeeper_commit_failures_total"),
                  "group {{replica_group}} commit failures"),
-                (group_steps("lightkeeper_heals_total"), "group {{replica_group}} heals"),
+                (group_heals(J), "group {{replica_group}} heals"),
                 (group_steps("lightkeeper_quorum_changes_total"),
                  "group {{replica_group}} quorum changes")),
         draw="bars", fill=80, min_=0), 12, 8)

@@ -50,9 +50,24 @@ def new_series(m: str, window: str, seconds: str) -> str:
             f"> time() - {seconds} - 300))")
 
 
-# The shipped scrape interval: a count over a range adds up each such step's growth.
+# The shipped scrape interval: a count over a range adds up each such step's growth. Also the
+# recording rules' interval (dashboards/rules.py), which RANK_HEALS's offset must equal.
 SCRAPE = "15s"
-_SCRAPE_S = 15
+SCRAPE_S = 15
+
+# Each rank's heals since the previous evaluation, recorded every SCRAPE. A rank heals within a
+# second of its start, before its first scrape (file_sd), so its series is first seen at 1,
+# which increase() and rate() never count. A rank's growth is from its last sample of the same
+# start within 5 minutes (across a gap once); without one (a new series, or a restart: the
+# start moved) its whole value counts if it started within 5 minutes (a first scrape can come
+# well after the start), so a series back from a longer gap counts nothing.
+RANK_HEALS = "lightkeeper:rank_heals:growth15s"
+_HEALS, _START, _BACK = "lightkeeper_heals_total", "lightkeeper_worker_start_time_seconds", 300
+RANK_HEALS_EXPR = (f"{_HEALS}\n"
+                   f"  - (last_over_time({_HEALS}[{_BACK}s] offset {SCRAPE})\n"
+                   f"     and last_over_time({_START}[{_BACK}s] offset {SCRAPE})\n"
+                   f"       == {_START})\n"
+                   f"or {_HEALS} and {_START} > time() - {_BACK}")
 
 
 def scrape_growth(m: str, seen: list[str], start: str) -> str:
@@ -69,7 +84,7 @@ def scrape_growth(m: str, seen: list[str], start: str) -> str:
     s = SCRAPE
     known = " or ".join(f"{k} offset {s}" for k in seen)
     return (f"(max_over_time({m}[{s}]) unless {m} offset {s}) and on (job, instance) "
-            f"({known} or max_over_time({start}[{s}]) > time() - {_SCRAPE_S + 300}) "
+            f"({known} or max_over_time({start}[{s}]) > time() - {SCRAPE_S + 300}) "
             # the value a step before, 0 after a reset (0 *: nameless, as ``-`` makes the rest)
             f"or {m} - ({m} offset {s} <= {m} or 0 * {m} offset {s})")
 
@@ -118,6 +133,12 @@ def step_events(metric: str, sel: str, by: str, standby: bool = True) -> str:
     m = f"{metric}{{{sel}}}"
     grew = f"{new_series(m, STEP, '$__interval_ms / 1000')} or {step_growth(m)}"
     return f"sum by ({by}) ({grew if standby else not_standby(grew)})"
+
+
+def group_heals(sel: str) -> str:
+    """Each replica group's heals since the previous step (its ranks heal alike: the most of
+    any rank), from the recorded growth (RANK_HEALS), each record counted at one step."""
+    return f"max by (replica_group) (sum_over_time({RANK_HEALS}{{{sel}}}[{STEP}]))"
 
 
 def group_steps(metric: str) -> str:

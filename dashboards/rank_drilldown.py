@@ -5,7 +5,18 @@ from __future__ import annotations
 from . import panels as P
 from .common import LINKS, TAG, UID_DRILLDOWN, job_variable
 from .panels import Layout, stat, table, target, targets, timeseries
-from .promql import PHASE_COLORS, PHASES, RI, G, J, R, phase_code_expr, step_quantile
+from .promql import (
+    PHASE_COLORS,
+    PHASES,
+    RANK_HEALS,
+    RI,
+    SCRAPE_S,
+    G,
+    J,
+    R,
+    phase_code_expr,
+    step_quantile,
+)
 
 
 def phase_mappings() -> list[dict]:
@@ -119,11 +130,14 @@ def rank_drilldown() -> dict:
     L.add(timeseries("Committed step per rank", "torchft's committed step on each rank.",
                      [target(f"lightkeeper_step{{{R}}}", "rank {{rank}}")]), 8, 7)
     L.add(timeseries(
-        "Commits, commit failures and heals per rank", "Per second, per rank.",
+        "Commits, commit failures and heals per rank", "Per second, per rank (heals recorded "
+        "by rules.yml, a restarted rank's heal before its first scrape included).",
         targets((f"rate(lightkeeper_commits_total{{{R}}}[{RI}])", "rank {{rank}} commits"),
                 (f"rate(lightkeeper_commit_failures_total{{{R}}}[{RI}])",
                  "rank {{rank}} commit failures"),
-                (f"rate(lightkeeper_heals_total{{{R}}}[{RI}])", "rank {{rank}} heals")),
+                # the recorded growth per evaluation (SCRAPE apart), made per second
+                (f"avg_over_time({RANK_HEALS}{{{R}}}[{RI}]) / {SCRAPE_S}",
+                 "rank {{rank}} heals")),
         unit="suffix:/s", min_=0), 8, 7)
     L.add(timeseries(
         "Quorum per rank", "Quorum id each rank is in, and whether it participates (0/1).",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 from .alerts import ALERTS, RECORDS
+from .promql import RANK_HEALS, SCRAPE
 from .rule_model import RUNBOOK_BASE, Alert, W, _worker
 from .yamlout import dump
 
@@ -25,7 +26,7 @@ __all__ = ["ALERTS", "RECORDS", "RUNBOOK_BASE", "render_rules", "render_rules_te
 def rules_document(alerts: list[Alert] | None = None) -> dict:
     alerts = ALERTS if alerts is None else alerts
     return {"groups": [
-        {"name": "lightkeeper.recording", "interval": "15s",
+        {"name": "lightkeeper.recording", "interval": SCRAPE,
          "rules": [{"record": r.record, "expr": r.expr} for r in RECORDS]},
         {"name": "lightkeeper.alerts", "rules": [
             {"alert": a.name, "expr": a.expr, "for": a.for_,
@@ -102,7 +103,44 @@ def rules_test_document(alerts: list[Alert] | None = None, with_records: bool = 
                 {"labels": 'lightkeeper:replica_group_compute_seconds:relative1m{job="train", '
                            'replica_group="1"}', "value": 1.5}]}],
     })
+    tests.append(_rank_heals_test())
     return {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": tests}
+
+
+# (rank, start time, heals), 15 s scrapes from 0 s ("_": no sample, "stale": a failed scrape).
+# Each rank's heals in the run; rank 8's after a gap longer than the rule looks back.
+HEALS_CASES = [
+    ("1", "_x7 100x12", "_x7 1x12", 1),  # started at 100 s, first seen at 105 s already at 1
+    ("2", "-1000x20", "1x7 2x13", 1),  # steady, since long before
+    ("3", "-1000x20", "1x20", 0),  # steady, no heal in the run
+    ("4", "-1000x7 110x13", "1x7 1x13", 1),  # restarted between two scrapes: 1 again, from 0
+    ("5", "-1000x3 stale _x2 95x14", "2x3 stale _x2 1x14", 1),  # restarted, down for 45 s
+    ("6", "_ 0x3 stale 0x15", "_ 1x3 stale 1x15", 1),  # new at 1, a failed scrape soon after
+    ("7", "-1000x4 stale stale -1000x14", "0x4 stale stale 1x14", 1),  # healed while unscraped
+    ("8", "-1000x1 stale _x21 -1000x3", "1x1 stale _x21 2x3", 0),  # back after 5.5 minutes
+]
+
+
+def _rank_heals_test() -> dict:
+    """The recording rule behind the heals panels: each rank's heals counted once, a series
+    first seen at 1 after its rank's start or restart (new start time) from 0."""
+    def labels(rank: str) -> str:
+        return f'{W}, instance="w{rank}:9000", replica_group="{rank}", rank="{rank}", ' \
+               'group_rank="0"'
+
+    return {
+        "name": "heals per rank, from 0 at each start",
+        "interval": "15s",
+        "input_series": [s for rank, start, heals, _ in HEALS_CASES for s in (
+            {"series": f"lightkeeper_worker_start_time_seconds{{{labels(rank)}}}",
+             "values": start},
+            {"series": f"lightkeeper_heals_total{{{labels(rank)}}}", "values": heals})],
+        "promql_expr_test": [{
+            "expr": f"sum_over_time({RANK_HEALS}[7m])",
+            "eval_time": "6m30s",
+            "exp_samples": [{"labels": f"{{{labels(rank)}}}", "value": n}
+                            for rank, _, _, n in HEALS_CASES]}],
+    }
 
 
 def render_rules_test() -> str:

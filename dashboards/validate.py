@@ -151,6 +151,23 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+def exported_names(names: set[str]) -> set[str]:
+    """``names`` with each recorded series (dashboards/alerts.py RECORDS) replaced by the
+    metrics its rule reads: what must be exported for a query to have data."""
+    from .alerts import RECORDS
+
+    rules = {r.record: r.expr for r in RECORDS}
+    out: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in rules:
+            todo += metric_names(rules.pop(name))
+        else:
+            out.add(name)
+    return out
+
+
 def names_from_exposition(text: str) -> set[str]:
     """Sample names a /metrics page exposes, including families declared without samples
     yet (a labelled counter before its first increment): counters as ``_total``, histograms
@@ -207,7 +224,7 @@ def validate_all(*, schemas: SchemaProject | None, known_metrics: set[str] | Non
         for q in iter_queries(d):
             try:
                 expr = substitute(q.expr)
-                names = metric_names(expr)
+                names = exported_names(metric_names(expr))
             except (KeyError, ValueError) as e:
                 problems.append(f"{name}: {q.where}: {e}")
                 continue

@@ -323,3 +323,16 @@ def test_pictures_render_from_the_live_data(live, tmp_path):
     assert not errors, errors
     assert [p.name for p in paths] == ["rank-drilldown.png"]
     assert paths[0].stat().st_size > 50_000
+
+
+def test_the_heals_rule_counts_each_rank_that_healed(live):
+    """The group that joins second heals from the other: the heals recording rule counts it,
+    joining the real ranks' heals and start time series by their labels (a series first seen
+    at 1 is tests/test_dashboards_promtool.py's; 5 minutes cover the whole run)."""
+    def ranks(expr: str) -> set[str]:
+        return {r["metric"]["rank"] for r in live.prom.query(expr)}
+
+    healed = ranks(f'max_over_time(lightkeeper_heals_total{{job="{JOB}"}}[5m]) > 0')
+    assert healed
+    assert ranks(f'max_over_time(lightkeeper:rank_heals:growth15s{{job="{JOB}"}}[5m]) > 0') \
+        == healed

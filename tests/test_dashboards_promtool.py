@@ -13,6 +13,7 @@ import pytest
 
 from dashboards import rules
 from dashboards.build import PROMETHEUS_DIR
+from dashboards.promql import RANK_HEALS
 from dashboards.yamlout import dump
 from tests.conftest import require_binary
 
@@ -289,8 +290,7 @@ MONITOR_LABELS = ('job="train", instance="mon:19400", replica_group="1", kind="h
 EVENT_QUERIES = [  # (dashboard, where, counter, worker counter?)
     ("OVERVIEW", "panel 'Commit failures, heals and quorum changes' A",
      "lightkeeper_commit_failures_total", True),
-    ("OVERVIEW", "panel 'Commit failures, heals and quorum changes' B",
-     "lightkeeper_heals_total", True),
+    ("OVERVIEW", "panel 'Commit failures, heals and quorum changes' B", RANK_HEALS, True),
     ("OVERVIEW", "panel 'Commit failures, heals and quorum changes' C",
      "lightkeeper_quorum_changes_total", True),
     ("OVERVIEW", "panel 'Findings and evictions' A", "lightkeeper_monitor_findings_total", False),
@@ -332,7 +332,11 @@ def _event_series() -> list[dict]:
     out = [{"series": f"lightkeeper_quorum_id{w}", "values": QUORUM_ID} for w in worker]
     out.append({"series": 'lightkeeper_monitor_dry_run{job="train", instance="mon:19400"}',
                 "values": "0x10"})
+    # the ranks started long before; their counters' reset is their restart
+    out += [{"series": f"lightkeeper_worker_start_time_seconds{w}", "values": "-1000x6 100x4"}
+            for w in worker]
     for _, _, counter, is_worker in EVENT_QUERIES:
+        counter = "lightkeeper_heals_total" if counter == RANK_HEALS else counter
         if counter.startswith("lightkeeper_monitor_ranks_lost"):
             out.append({"series": f'{counter}{{job="train"}}', "values": WORKER_COUNTER})
         elif is_worker:
@@ -369,6 +373,36 @@ def test_event_markers_and_bars_count_each_event_once_at_grafanas_step(tmp_path)
     doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
            "tests": [{"name": "events at Grafana's step", "interval": "15s",
                       "input_series": _event_series(), "promql_expr_test": tests}]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+def test_heals_panels_count_a_restarted_ranks_heal_first_seen_at_1(tmp_path):
+    """Group 1's rank is evicted at 60 s and its replacement, started at 95 s, heals before its
+    first scrape at 105 s: its heals series is first seen at 1. The overview's bar and the
+    drill-down's rate count that heal (once), group 0's steady rank none."""
+    def rank(g: int) -> str:
+        return (f'job="train", lightkeeper_component="worker", instance="w{g}:9000", '
+                f'replica_group="{g}", rank="{g}", group_rank="0"')
+
+    series = [(f"lightkeeper_worker_start_time_seconds{{{rank(0)}}}", "-1000x12"),
+              (f"lightkeeper_heals_total{{{rank(0)}}}", "0x12"),
+              (f"lightkeeper_worker_start_time_seconds{{{rank(1)}}}", "-1000x3 stale _x2 95x5"),
+              (f"lightkeeper_heals_total{{{rank(1)}}}", "0x3 stale _x2 1x5")]
+    bars = _dashboard_query("OVERVIEW", "panel 'Commit failures, heals and quorum changes' B")
+    drill = _dashboard_query("DRILLDOWN", "panel 'Commits, commit failures and heals per rank' C")
+    tests = [{"expr": bars, "eval_time": f"{t}s", "exp_samples": [
+        {"labels": f'{{replica_group="{g}"}}', "value": v} for g, v in groups]}
+        for t, groups in ((52, [(0, 0), (1, 0)]), (67, [(0, 0)]), (112, [(0, 0), (1, 1)]),
+                          (127, [(0, 0), (1, 0)]))]
+    # the heal spread over the rate interval (1 m: 4 evaluations)
+    tests.append({"expr": drill, "eval_time": "157s", "exp_samples": [
+        {"labels": f"{{{rank(g)}}}", "value": v} for g, v in ((0, 0), (1, 1 / 60))]})
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{"name": "a restarted rank's heals", "interval": "15s",
+                      "input_series": [{"series": s, "values": v} for s, v in series],
+                      "promql_expr_test": tests}]}
     (tmp_path / "t.yml").write_text(dump(doc))
     r = promtool("test", "rules", "t.yml", cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

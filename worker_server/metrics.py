@@ -90,6 +90,11 @@ class _StateCollector(Collector):
         yield gauge("lightkeeper_loss", "training loss of the last step", snap["loss"])
         yield gauge("lightkeeper_faults_injected", "number of faults injected into this rank",
                     len(snap["faults"]))
+        # The counters below count from 0 at this time: a rank that heals before its first
+        # scrape shows its heals series first at 1, and the rules count that 1 by this start.
+        yield gauge("lightkeeper_worker_start_time_seconds",
+                    "unix time this rank started (its counters count from then)",
+                    snap["started_at"])
         for name, doc, value in (
             ("lightkeeper_commits", "steps whose should_commit returned True", snap["commits"]),
             ("lightkeeper_commit_failures", "steps whose should_commit returned False",
