@@ -24,17 +24,18 @@ LIAR = 0  # group 0's first rank: its leader, so polled under leader polling too
 SLOW_S = 0.6
 
 
-def steps(job: Job, n: int, now: float, lie: str | None, slow: int | None = None) -> None:
+def steps(job: Job, n: int, now: float, lie: str | None, slow: int | None = None,
+          slow_s: float = SLOW_S, noise: float = 0.03) -> None:
     """``n`` lockstep steps: group ``slow`` (if any) computes SLOW_S longer and every other
     rank waits that much longer at the cross-group all_reduce; the liar then rewrites its rows
     (``wait``: a 5 s wait in its real step; ``step``: a 5 s wait in a step 5 s longer)."""
-    job.steps(n, now=now)
+    job.steps(n, now=now, noise=noise)
     for r, s in enumerate(job.states):
         for row in s["timing"]["recent"][-n:]:
             if slow is not None:
                 key = "compute_s" if job.group_of(r) == slow else "wait_cross_s"
-                row[key] += SLOW_S
-                row["step_s"] += SLOW_S
+                row[key] += slow_s
+                row["step_s"] += slow_s
             if r == LIAR and lie is not None:
                 row["wait_cross_s"] = 5.0 + row["wait_cross_s"] * (lie == "step")
                 row["step_s"] += 5.0 * (lie == "step")
@@ -52,18 +53,19 @@ def sweep(det: Detectors, job: Job, now: float, leaders: bool) -> list:
     return det.update(view, dumps, now, full_view=full)
 
 
-def run(ranks: int, lie: str | None, leaders: bool, slow: int | None = None
-        ) -> tuple[Detectors, list[int]]:
-    """Twelve sweeps of three steps; the groups confirmed as stragglers, in order."""
-    job = Job(groups=3, ranks=ranks, seed=3)
+def run(ranks: int, lie: str | None, leaders: bool, slow: int | None = None, groups: int = 3,
+        **kw) -> tuple[Detectors, list[int]]:
+    """Twelve sweeps of three steps; the groups confirmed as stragglers, in order. ``kw``:
+    Job's ``step_s``, steps()'s ``slow_s`` and ``noise``."""
+    job = Job(groups=groups, ranks=ranks, seed=3, step_s=kw.pop("step_s", 0.25))
     det, now, found = Detectors(DetectorConfig()), T0, []
-    steps(job, 8, now, lie, slow)
+    steps(job, 8, now, lie, slow, **kw)
     for i in range(13):  # the first sweep asks every rank
-        steps(job, 3, now, lie, slow)
+        steps(job, 3, now, lie, slow, **kw)
         found += [f.replica_group for f in sweep(det, job, now, leaders and i > 0)
                   if f.kind == "straggler"]
         now += 1.0
-    assert set(det.last_lags) == {0, 1, 2}  # every group judged at the last sweep
+    assert set(det.last_lags) == set(range(groups))  # every group judged at the last sweep
     return det, found
 
 
@@ -85,3 +87,15 @@ def test_a_real_straggler_is_still_found_beside_a_lying_rank(ranks, lie, leaders
     assert [(f.kind, f.replica_group) for f in det.open_findings()] == [("straggler", 2)]
     assert det.last_lags[2] == pytest.approx(SLOW_S, abs=0.05)
     assert det.last_lags[0] == det.last_lags[1] == 0.0
+
+
+@pytest.mark.parametrize("ranks,leaders", [(1, False), (2, True)], ids=["2x1", "2x2_leaders"])
+def test_a_lying_rank_does_not_lower_the_floor_under_a_short_step_straggler(ranks, leaders):
+    # steps of ~20 ms: the floor is the groups' own work a step (~5 ms), not the fixed 0.1 s;
+    # the liar's own work counted with its served wait would be negative, taking the floor
+    # back to 0.1 s and hiding a group 15 ms late (the job ~2x slower)
+    det, found = run(ranks, "wait", leaders, slow=1, groups=2, step_s=0.0167, slow_s=0.015,
+                     noise=0.002)
+    assert found == [1] and det.lag_floor < 0.015
+    (f,) = det.open_findings()
+    assert f.evidence["cross_wait_cut_ranks"] == [LIAR]  # the rank whose waits were not believed
