@@ -55,19 +55,24 @@ def new_series(m: str, window: str, seconds: str) -> str:
 SCRAPE = "15s"
 SCRAPE_S = 15
 
-# Each rank's heals since the previous evaluation, recorded every SCRAPE. A rank heals within a
-# second of its start, before its first scrape (file_sd), so its series is first seen at 1,
-# which increase() and rate() never count. A rank's growth is from its last sample of the same
-# start within 5 minutes (across a gap once); without one (a new series, or a restart: the
-# start moved) its whole value counts if it started within 5 minutes (a first scrape can come
-# well after the start), so a series back from a longer gap counts nothing.
+# Each rank's heals in the evaluation interval before the previous evaluation, recorded every
+# SCRAPE. A rank heals within a second of its start, before its first scrape (file_sd), so its
+# series is first seen at 1, which increase() and rate() never count. A rank's growth is from its
+# last sample of the same start within 5 minutes (across a gap once); without one (a new series,
+# or a restart: the start moved) its whole value counts if it started within 5 minutes (a first
+# scrape can come well after the start), so a series back from a longer gap counts nothing. It
+# reads one interval late: a sample is stamped at its scrape's start but stored at its end
+# (scrape_timeout <= 10 s < SCRAPE), so a scrape in flight at the tick is there by the next.
+# A rank without the start gauge (an older WorkerServer) counts its growth only.
 RANK_HEALS = "lightkeeper:rank_heals:growth15s"
 _HEALS, _START, _BACK = "lightkeeper_heals_total", "lightkeeper_worker_start_time_seconds", 300
-RANK_HEALS_EXPR = (f"{_HEALS}\n"
-                   f"  - (last_over_time({_HEALS}[{_BACK}s] offset {SCRAPE})\n"
-                   f"     and last_over_time({_START}[{_BACK}s] offset {SCRAPE})\n"
-                   f"       == {_START})\n"
-                   f"or {_HEALS} and {_START} > time() - {_BACK}")
+_H, _S, _LATE = f"{_HEALS} offset {SCRAPE}", f"{_START} offset {SCRAPE}", f"offset {2 * SCRAPE_S}s"
+RANK_HEALS_EXPR = (f"{_H}\n"
+                   f"  - (last_over_time({_HEALS}[{_BACK}s] {_LATE})\n"
+                   f"     and last_over_time({_START}[{_BACK}s] {_LATE})\n"
+                   f"       == {_S})\n"
+                   f"or {_H} and {_S} > time() - {_BACK + SCRAPE_S}\n"
+                   f"or ({_H} - last_over_time({_HEALS}[{_BACK}s] {_LATE}) >= 0 unless {_S})")
 
 
 def scrape_growth(m: str, seen: list[str], start: str) -> str:

@@ -10,7 +10,6 @@ from .promql import (
     PHASES,
     RANK_HEALS,
     RI,
-    SCRAPE_S,
     G,
     J,
     R,
@@ -135,8 +134,8 @@ def rank_drilldown() -> dict:
         targets((f"rate(lightkeeper_commits_total{{{R}}}[{RI}])", "rank {{rank}} commits"),
                 (f"rate(lightkeeper_commit_failures_total{{{R}}}[{RI}])",
                  "rank {{rank}} commit failures"),
-                # the recorded growth per evaluation (SCRAPE apart), made per second
-                (f"avg_over_time({RANK_HEALS}{{{R}}}[{RI}]) / {SCRAPE_S}",
+                # the recorded growth over the whole interval, not over the records present
+                (f"sum_over_time({RANK_HEALS}{{{R}}}[{RI}]) / ({RI}_ms / 1000)",
                  "rank {{rank}} heals")),
         unit="suffix:/s", min_=0), 8, 7)
     L.add(timeseries(

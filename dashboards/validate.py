@@ -24,6 +24,7 @@ from .schema_check import SchemaProject, schema_errors
 
 # What Grafana puts in place of its built-in variables (a plausible dashboard refresh).
 BUILTINS = {
+    "$__rate_interval_ms": "60000",
     "$__rate_interval": "1m",
     "$__interval_ms": "15000",
     "$__interval": "15s",
