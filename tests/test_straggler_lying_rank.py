@@ -89,12 +89,17 @@ def test_a_real_straggler_is_still_found_beside_a_lying_rank(ranks, lie, leaders
     assert det.last_lags[0] == det.last_lags[1] == 0.0
 
 
-@pytest.mark.parametrize("ranks,leaders", [(1, False), (2, True)], ids=["2x1", "2x2_leaders"])
-def test_a_lying_rank_does_not_lower_the_floor_under_a_short_step_straggler(ranks, leaders):
+@pytest.mark.parametrize("lie", ["wait", "step"])
+@pytest.mark.parametrize("groups,ranks,leaders", [(2, 1, False), (2, 2, False), (2, 2, True),
+                                                  (3, 1, False), (3, 2, True)],
+                         ids=["2x1", "2x2", "2x2_leaders", "3x1", "3x2_leaders"])
+def test_a_lying_rank_does_not_move_the_floor_over_a_short_step_straggler(groups, ranks,
+                                                                           leaders, lie):
     # steps of ~20 ms: the floor is the groups' own work a step (~5 ms), not the fixed 0.1 s;
-    # the liar's own work counted with its served wait would be negative, taking the floor
-    # back to 0.1 s and hiding a group 15 ms late (the job ~2x slower)
-    det, found = run(ranks, "wait", leaders, slow=1, groups=2, step_s=0.0167, slow_s=0.015,
+    # the liar's own work counted from its served wait or step would be negative (the floor
+    # back at 0.1 s) or seconds long (the floor at the straggler's own work), either way
+    # hiding a group 15 ms late (the job ~2x slower)
+    det, found = run(ranks, lie, leaders, slow=1, groups=groups, step_s=0.0167, slow_s=0.015,
                      noise=0.002)
     assert found == [1] and det.lag_floor < 0.015
     (f,) = det.open_findings()

@@ -257,7 +257,9 @@ class Straggler:
         cut_s = np.median(timings[:, :, WAIT_CROSS_S] - waits, axis=1).tolist()  # per rank
         med_step = float(np.median(timings[:, :, STEP_S]))
         # a group's own work a step: its step outside the cross-group wait, its busiest rank's
-        own = np.maximum.reduceat(timings[:, :, STEP_S] - waits, starts, axis=0)
+        # (the step cut to the lockstep as the wait is)
+        own = np.maximum.reduceat(np.minimum(timings[:, :, STEP_S], steps_s) - waits, starts,
+                                  axis=0)
         floor = self.lag_floor = lag_floor(self.cfg.straggler_min_lag_s, own)
         threshold = max(floor, self.cfg.straggler_rel_lag * med_step)
         # ranks whose served waits the cut lowered by a lag's worth (said in the evidence)
