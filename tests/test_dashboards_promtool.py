@@ -327,6 +327,18 @@ def _by_labels(expr: str, series_labels: dict[str, str]) -> str:
     return "{" + ", ".join(f'{k}="{series_labels[k]}"' for k in sorted(keep)) + "}"
 
 
+def _test_rules(tmp_path, name: str, series: list, tests: list) -> None:
+    """``promtool test rules`` of ``tests`` on ``series`` (input series, or (series, values)
+    pairs; samples 15 s apart) under rules.yml."""
+    series = [x if isinstance(x, dict) else {"series": x[0], "values": x[1]} for x in series]
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{"name": name, "interval": "15s", "input_series": series,
+                      "promql_expr_test": tests}]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
 def _event_series() -> list[dict]:
     worker = [f'{{job="train", replica_group="1", rank="{r}"}}' for r in (0, 1)]
     out = [{"series": f"lightkeeper_quorum_id{w}", "values": QUORUM_ID} for w in worker]
@@ -372,12 +384,7 @@ def test_event_markers_and_bars_count_each_event_once_at_grafanas_step(tmp_path)
         new_id = {37: 2, 82: 3}.get(t)
         tests.append({"expr": quorum, "eval_time": f"{t}s", "exp_samples": [
             {"labels": '{job="train"}', "value": new_id}] if new_id else []})
-    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
-           "tests": [{"name": "events at Grafana's step", "interval": "15s",
-                      "input_series": _event_series(), "promql_expr_test": tests}]}
-    (tmp_path / "t.yml").write_text(dump(doc))
-    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    _test_rules(tmp_path, "events at Grafana's step", _event_series(), tests)
 
 
 # The heals rule reads a step late because a sample is stamped at its scrape's start but stored
@@ -407,13 +414,7 @@ def test_heals_panels_count_a_restarted_ranks_heal_first_seen_at_1(tmp_path):
     # the heal spread over the rate interval (1 m: 4 evaluations)
     tests.append({"expr": drill, "eval_time": "157s", "exp_samples": [
         {"labels": f"{{{rank(g)}}}", "value": v} for g, v in ((0, 0), (1, 1 / 60))]})
-    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
-           "tests": [{"name": "a restarted rank's heals", "interval": "15s",
-                      "input_series": [{"series": s, "values": v} for s, v in series],
-                      "promql_expr_test": tests}]}
-    (tmp_path / "t.yml").write_text(dump(doc))
-    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    _test_rules(tmp_path, "a restarted rank's heals", series, tests)
 
 
 def test_drilldown_heals_rate_of_a_rank_first_seen_at_1_is_over_the_whole_interval(tmp_path):
@@ -426,13 +427,7 @@ def test_drilldown_heals_rate_of_a_rank_first_seen_at_1_is_over_the_whole_interv
     drill = _dashboard_query("DRILLDOWN", "panel 'Commits, commit failures and heals per rank' C")
     tests = [{"expr": drill, "eval_time": f"{t}s",
               "exp_samples": [{"labels": f"{{{rank}}}", "value": 1 / 60}]} for t in (127, 172)]
-    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
-           "tests": [{"name": "a young rank's heals rate", "interval": "15s",
-                      "input_series": [{"series": s, "values": v} for s, v in series],
-                      "promql_expr_test": tests}]}
-    (tmp_path / "t.yml").write_text(dump(doc))
-    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    _test_rules(tmp_path, "a young rank's heals rate", series, tests)
 
 
 def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_etcd(tmp_path):
@@ -536,13 +531,7 @@ def test_event_markers_and_bars_skip_a_scrape_gap_but_count_new_series(tmp_path)
         tests.append({"expr": in_range, "eval_time": f"{t}s", "exp_samples": [
             {"labels": '{decision="evict", reason="confirmed"}', "value": 0},
             {"labels": '{decision="hold", reason="dry_run"}', "value": hold}]})
-    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
-           "tests": [{"name": "events across a scrape gap", "interval": "15s",
-                      "input_series": [{"series": s, "values": v} for s, v in series],
-                      "promql_expr_test": tests}]}
-    (tmp_path / "t.yml").write_text(dump(doc))
-    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    _test_rules(tmp_path, "events across a scrape gap", series, tests)
 
 
 def test_job_goodput_stats_aggregate_the_shards_not_the_best_one(tmp_path):
