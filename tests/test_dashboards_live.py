@@ -50,7 +50,8 @@ FAULT_TOKEN = "dashboards-live-faults"
 JOB = "lightkeeper"
 # What Grafana would send with every variable on "All" values of this job, 1 s scrapes.
 VARIABLES = {"job": JOB, "replica_group": "(0|1)", "rank": "(0|1)"}
-BUILTINS = {"$__rate_interval": "10s", "$__interval": "5s", "$__interval_ms": "5000",
+BUILTINS = {"$__rate_interval": "10s", "$__rate_interval_ms": "10000", "$__interval": "5s",
+            "$__interval_ms": "5000",
             "$__range": "5m", "$__range_s": "300"}
 DEADLINE_S = 45.0
 
