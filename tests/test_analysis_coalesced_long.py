@@ -96,3 +96,21 @@ def test_a_coalesced_run_of_twenty_thousand_parts_is_analyzed_within_a_deadline(
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert (report["ranks"], report["errors"], report["findings"]) == ([0, 1], [], [])
+
+
+@pytest.mark.parametrize("pure", READERS)
+def test_a_long_coalesced_mismatch_is_described_by_its_first_parts_and_where_it_differs(
+        tmp_path, capsys, monkeypatch, pure):
+    # FSDP coalesces thousands of parts: rank 2's run of 3,000 differs at part 1234 only
+    long = [(8, 8)] * 3000
+    odd = long[:1234] + [(8, 16)] + long[1235:]
+    runs = {rank: {4: parts(*(s for _, s in (odd if rank == 2 else long)))} for rank in range(3)}
+    write_job(tmp_path, runs)
+    code, report = report_of(tmp_path, capsys, monkeypatch, pure)
+    (found,) = report["findings"]
+    assert (found["mismatch"], found["culprit_ranks"]) == ("size", [2])
+    assert "first apart at part 1234: all_reduce [[16]] Float vs all_reduce [[8]] Float" \
+        in found["detail"]
+    assert len(found["detail"]) < 2000 and "more]" in found["detail"]
+    for v in found["variants"]:  # the parts listed are the first 64, with their count
+        assert (len(v["parts"]), v["parts_total"]) == (64, 3001)

@@ -215,10 +215,11 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], disagreements
         reference = signatures[majority]
         kind = _worst(_difference(reference, signatures[s]) for s in counts if s != majority)
         op = reference.op
+        odd = signatures[at[culprits[0]]]
         detail = (
             f"group {key.label()} seq {seq}: rank(s) {_ranks(culprits)} enqueued "
-            f"{_describe(signatures[at[culprits[0]]])} while {ranked[0][1]} rank(s) enqueued "
-            f"{_describe(reference)} ({kind} mismatch)"
+            f"{_describe(odd)} while {ranked[0][1]} rank(s) enqueued "
+            f"{_describe(reference)} ({kind} mismatch){_first_part_apart(odd, reference)}"
         )
     else:
         culprits = sorted(at)
@@ -347,13 +348,28 @@ def _difference(a: Signature, b: Signature) -> str:
     return "size"
 
 
+_SHOWN_PARTS = 8  # a coalesced run described by its first parts: FSDP's can have thousands
+
+
 def _describe(sig: Signature) -> str:
     if sig.parts:
-        return "coalesced[" + ", ".join(_describe(p) for p in sig.parts) + "]"
+        shown = ", ".join(_describe(p) for p in sig.parts[:_SHOWN_PARTS])
+        more = len(sig.parts) - _SHOWN_PARTS
+        return f"coalesced[{shown}{f', ... {more} more' if more > 0 else ''}]"
     sizes = "" if sig.input_sizes is None else f" {[list(s) for s in sig.input_sizes]}"
     # str(): a bad dump's non-string dtype is described, not a crash
     dtypes = "/".join(sorted({str(d) for d in (*sig.input_dtypes, *sig.output_dtypes)}))
     return f"{sig.op}{sizes}{' ' + dtypes if dtypes else ''}"
+
+
+def _first_part_apart(a: Signature, b: Signature) -> str:
+    """Where two coalesced runs first differ, when past the parts their descriptions show."""
+    n = min(len(a.parts), len(b.parts))
+    i = next((i for i in range(n) if a.parts[i] != b.parts[i]), n)
+    if i < _SHOWN_PARTS or not (a.parts and b.parts):
+        return ""
+    x, y = (_describe(s.parts[i]) if i < len(s.parts) else "nothing" for s in (a, b))
+    return f"; first apart at part {i}: {x} vs {y}"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -45,6 +45,9 @@ class GroupKey(NamedTuple):
         return (self.pg, *(-1 if v is None else v for v in self[1:]))
 
 
+MAX_LISTED_PARTS = 64
+
+
 class Signature(NamedTuple):
     """What a rank enqueued at one sequence id (sizes None where they may differ between ranks;
     op ``"coalesced"`` with its ``parts``)."""
@@ -60,8 +63,9 @@ class Signature(NamedTuple):
         out: dict[str, Any] = {"op": self.op, "input_sizes": _lists(self.input_sizes),
                                "output_sizes": _lists(self.output_sizes), "input_dtypes": list(self.input_dtypes),
                                "output_dtypes": list(self.output_dtypes)}
-        if self.parts:
-            out["parts"] = [p.to_dict() for p in self.parts]
+        if self.parts:  # the first parts, with their count: a run can have thousands
+            out["parts"] = [p.to_dict() for p in self.parts[:MAX_LISTED_PARTS]]
+            out["parts_total"] = len(self.parts)
         return out
 
 
