@@ -114,3 +114,38 @@ def test_a_long_coalesced_mismatch_is_described_by_its_first_parts_and_where_it_
     assert len(found["detail"]) < 2000 and "more]" in found["detail"]
     for v in found["variants"]:  # the parts listed are the first 64, with their count
         assert (len(v["parts"]), v["parts_total"]) == (64, 3001)
+
+
+@pytest.mark.parametrize("pure", READERS)
+def test_without_a_majority_each_long_variant_says_where_it_departs(tmp_path, capsys, monkeypatch,
+                                                                    pure):
+    long = [8] * 3000
+    runs = {0: {4: parts(*long)}, 1: {4: parts(*long[:1234], 16, *long[1235:])},
+            2: {4: parts(*long[:99], 32, *long[100:])}}
+    write_job(tmp_path, runs)
+    code, report = report_of(tmp_path, capsys, monkeypatch, pure)
+    (found,) = report["findings"]
+    assert "no variant has a majority" in found["detail"]
+    assert "first apart at part 1234: all_reduce [[16]] Float vs all_reduce [[8]] Float" in \
+        found["detail"] or "first apart at part 1234: all_reduce [[8]] Float vs all_reduce " \
+        "[[16]] Float" in found["detail"]
+    assert "first apart at part 99:" in found["detail"]
+    assert found["detail"].count("first apart") == 2  # the variant compared with, not with itself
+
+
+@pytest.mark.parametrize("pure", READERS)
+def test_a_coalesced_run_apart_only_in_a_dtype_is_a_dtype_mismatch(tmp_path, capsys, monkeypatch,
+                                                                    pure):
+    runs = {rank: {4: parts(4, 8, 16)} for rank in range(3)}
+    write_job(tmp_path, runs)
+    for rank in range(3):  # rank 2's second part in Half
+        path = tmp_path / f"rank{rank}"
+        dump = pickle.loads(path.read_bytes())
+        if rank == 2:
+            e = next(e for e in dump["entries"] if e["collective_seq_id"] == 4
+                     and e["input_sizes"] == [[8]])
+            e["input_dtypes"] = e["output_dtypes"] = ["Half"]
+            path.write_bytes(pickle.dumps(dump))
+    code, report = report_of(tmp_path, capsys, monkeypatch, pure)
+    (found,) = report["findings"]
+    assert (found["mismatch"], found["culprit_ranks"]) == ("dtype", [2])

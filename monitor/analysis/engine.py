@@ -227,7 +227,9 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], disagreements
         op = signatures[ranked[0][0]].op
         detail = (
             f"group {key.label()} seq {seq}: ranks disagree ({kind} mismatch) and no variant has a "
-            "majority: " + "; ".join(f"{_ranks(v['ranks'])}: {_describe(signatures[s])}" for v, (s, _) in zip(variants, ranked, strict=True))
+            "majority: " + "; ".join(f"{_ranks(v['ranks'])}: {_describe(signatures[s])}"
+                                    f"{_first_part_apart(signatures[s], signatures[ranked[0][0]])}"
+                                    for v, (s, _) in zip(variants, ranked, strict=True))
         )
         pattern = step_pattern_departures(traces, key, seq, at)
         if pattern:
@@ -340,7 +342,8 @@ def _difference(a: Signature, b: Signature) -> str:
     if a.op != b.op or len(a.parts) != len(b.parts):
         return "op"
     if a.parts:
-        return _worst(_difference(x, y) for x, y in zip(a.parts, b.parts, strict=True))
+        # the parts that differ: an equal pair would read as "size"
+        return _worst(_difference(x, y) for x, y in zip(a.parts, b.parts, strict=True) if x != y)
     if a.input_sizes != b.input_sizes or a.output_sizes != b.output_sizes:
         return "size"
     if a.input_dtypes != b.input_dtypes or a.output_dtypes != b.output_dtypes:
@@ -366,7 +369,7 @@ def _first_part_apart(a: Signature, b: Signature) -> str:
     """Where two coalesced runs first differ, when past the parts their descriptions show."""
     n = min(len(a.parts), len(b.parts))
     i = next((i for i in range(n) if a.parts[i] != b.parts[i]), n)
-    if i < _SHOWN_PARTS or not (a.parts and b.parts):
+    if i < _SHOWN_PARTS or not (a.parts and b.parts) or a == b:
         return ""
     x, y = (_describe(s.parts[i]) if i < len(s.parts) else "nothing" for s in (a, b))
     return f"; first apart at part {i}: {x} vs {y}"
