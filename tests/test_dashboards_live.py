@@ -326,14 +326,17 @@ def test_pictures_render_from_the_live_data(live, tmp_path):
     assert paths[0].stat().st_size > 50_000
 
 
-def test_the_heals_rule_counts_each_rank_that_healed(live):
-    """The group that joins second heals from the other: the heals recording rule counts it,
-    joining the real ranks' heals and start time series by their labels (a series first seen
+def test_the_heals_rule_records_every_real_rank_and_each_that_healed(live):
+    """The heals recording rule joins the real ranks' heals and start time series by their
+    labels: every rank scraped gets a record, and those that healed (a group that joined after
+    the other began; none when both made the first quorum) a positive one (a series first seen
     at 1 is tests/test_dashboards_promtool.py's; 5 minutes cover the whole run)."""
     def ranks(expr: str) -> set[str]:
         return {r["metric"]["rank"] for r in live.prom.query(expr)}
 
-    healed = ranks(f'max_over_time(lightkeeper_heals_total{{job="{JOB}"}}[5m]) > 0')
-    assert healed
-    assert ranks(f'max_over_time(lightkeeper:rank_heals:growth15s{{job="{JOB}"}}[5m]) > 0') \
-        == healed
+    rule = "lightkeeper:rank_heals:growth15s"
+    scraped = ranks(f'count_over_time(lightkeeper_heals_total{{job="{JOB}"}}[5m])')
+    assert scraped == {"0", "1"}
+    assert ranks(f'count_over_time({rule}{{job="{JOB}"}}[5m])') == scraped
+    assert ranks(f'max_over_time({rule}{{job="{JOB}"}}[5m]) > 0') == \
+        ranks(f'max_over_time(lightkeeper_heals_total{{job="{JOB}"}}[5m]) > 0')
