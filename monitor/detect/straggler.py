@@ -254,7 +254,7 @@ class Straggler:
         waits = np.minimum(timings[:, :, WAIT_CROSS_S],
                            np.maximum(steps_s - timings[:, :, COMPUTE_S], 0.0))
         cross = np.maximum.reduceat(waits, starts, axis=0)
-        cut_s = np.median(timings[:, :, WAIT_CROSS_S] - waits, axis=1).tolist()  # per rank
+        cut_s = np.median(timings[:, :, WAIT_CROSS_S] - waits, axis=1)  # per polled rank
         med_step = float(np.median(timings[:, :, STEP_S]))
         # a group's own work a step: its step outside the cross-group wait, its busiest rank's
         # (the step cut to the lockstep as the wait is)
@@ -262,9 +262,6 @@ class Straggler:
                                   axis=0)
         floor = self.lag_floor = lag_floor(self.cfg.straggler_min_lag_s, own)
         threshold = max(floor, self.cfg.straggler_rel_lag * med_step)
-        # ranks whose served waits the cut lowered by a lag's worth (said in the evidence)
-        cut = [r.rank for (r, _, _), c in zip((m for g in order for m in members[g]), cut_s,
-                                               strict=True) if c >= threshold and r.rank is not None]
         need = math.ceil(0.75 * len(window))
         lags, candidates, healthy = straggler_lags(cross, threshold, need)
         med_lags = np.median(lags, axis=1)
@@ -319,7 +316,11 @@ class Straggler:
                   "peer_lags_s": {str(k): v for k, v in self.last_lags.items()},
                   "cross_wait_s": {str(h): round(statistics.median(row), 4)
                                    for h, row in zip(order, cross.tolist(), strict=True)},
-                  "cross_wait_cut_ranks": cut,
+                  # ranks whose served waits the cut lowered by a lag's worth
+                  "cross_wait_cut_ranks": [
+                      r.rank for (r, _, _), c in zip((m for h in order for m in members[h]),
+                                                     cut_s.tolist(), strict=True)
+                      if c >= threshold and r.rank is not None],
                   "in_group": in_group, "quorum_id": view.quorum_id,
                   "phases": phases(view, [r.rank for r, _, _ in rows if r.rank is not None]),
                   "evidence": "each rank's own per-step wait times (no clocks compared)"}
