@@ -6,9 +6,17 @@ import json
 
 import pytest
 
+from lightkeeper.cli import main
 from monitor.analysis import GroupKey, analyze, normalize, normalize_dumps
 from monitor.analysis.model import DumpFormatError
-from tests.support.frgen import TP_STEP, FRJob, loaded_pair_job, three_group_job, tp_job
+from tests.support.frgen import (
+    TP_STEP,
+    FRJob,
+    loaded_pair_job,
+    three_group_job,
+    tp_job,
+    write_dumps,
+)
 
 STEP = TP_STEP
 
@@ -543,3 +551,30 @@ def test_older_versions_without_optional_keys_are_read(version):
                 e.pop(key, None)
     (found,) = analyze(dumps).findings
     assert (found.mismatch, found.culprit_ranks) == ("dtype", [0])
+
+
+@pytest.mark.parametrize(("field", "majority", "odd", "kind"), [
+    # an all_gather_into_tensor apart only in its output: [8, 4] on two ranks, [16, 4] on one
+    ("output_sizes", "_all_gather_base [[4, 4]] -> [[8, 4]] Float",
+     "_all_gather_base [[4, 4]] -> [[16, 4]] Float", "size"),
+    # a dtype swap: the set of dtypes is the same on both sides
+    ("dtypes", "_all_gather_base [[4, 4]] -> [[8, 4]] BFloat16 -> Float",
+     "_all_gather_base [[4, 4]] -> [[8, 4]] Float -> BFloat16", "dtype"),
+])
+def test_a_mismatch_detail_shows_what_tells_its_variants_apart(tmp_path, capsys, field, majority, odd,
+                                                              kind):
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    job.collective("0", "_all_gather_base", [[4, 4]])
+    dumps = job.dumps(fmt="pickle")
+    for rank, dump in dumps.items():
+        e = dump["entries"][-1]
+        e["output_sizes"] = [[16, 4]] if field == "output_sizes" and rank == 2 else [[8, 4]]
+        if field == "dtypes":
+            e["input_dtypes"], e["output_dtypes"] = (["Float"], ["BFloat16"]) if rank == 2 else \
+                (["BFloat16"], ["Float"])
+    write_dumps(dumps, tmp_path, fmt="pickle")
+    assert main(["analyze", "--format", "json", str(tmp_path)]) == 1
+    (found,) = json.loads(capsys.readouterr().out)["findings"]
+    assert f"rank(s) 2 enqueued {odd} while 2 rank(s) enqueued {majority} ({kind} mismatch)" \
+        in found["detail"], found["detail"]

@@ -360,8 +360,13 @@ def _describe(sig: Signature) -> str:
         more = len(sig.parts) - _SHOWN_PARTS
         return f"coalesced[{shown}{f', ... {more} more' if more > 0 else ''}]"
     sizes = "" if sig.input_sizes is None else f" {[list(s) for s in sig.input_sizes]}"
+    # output sizes and dtypes only where they differ from the input's: else two ranks whose
+    # all_gather outputs differ, or whose dtypes swapped, read alike
+    if sig.output_sizes != sig.input_sizes:
+        sizes += f" -> {[list(s) for s in sig.output_sizes or ()]}"
     # str(): a bad dump's non-string dtype is described, not a crash
-    dtypes = "/".join(sorted({str(d) for d in (*sig.input_dtypes, *sig.output_dtypes)}))
+    ins, outs = ("/".join(sorted({str(d) for d in ds})) for ds in (sig.input_dtypes, sig.output_dtypes))
+    dtypes = ins if ins == outs else f"{ins or 'none'} -> {outs or 'none'}"
     return f"{sig.op}{sizes}{' ' + dtypes if dtypes else ''}"
 
 
