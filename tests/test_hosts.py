@@ -6,6 +6,8 @@ on a Monitor that polls nothing."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import sys
 import types
@@ -342,6 +344,36 @@ def test_a_monitor_killed_while_quarantining_leaves_no_quarantine_without_its_ac
     assert again.hosts["h1"]["state"] == "suspect" and again.quarantined() == []
     assert again.decide(clock(), None, 10)[0]["decision"] == "quarantine"
     assert sorted(a["sink"] for a in again.store.host_actions()) == ["a", "b"]
+
+
+def test_a_monitor_killed_between_an_offence_and_its_host_row_still_quarantines(tmp_path):
+    """A real SIGKILL in a forked monitor as it writes the host's row after the hang's offence.
+    Before, the offence alone was kept: the restarted monitor took the same hang, confirmed
+    again, as seen before the restart (not counted), and never judged the rowless host; now
+    neither is kept and the hang quarantines the host as it does without the kill."""
+    clock, path = Clock(), str(tmp_path / "m.sqlite")
+    pid = os.fork()
+    if pid == 0:  # the monitor that dies: the finding written (as Enforcer.record does), then
+        try:      # its offence
+            store = Store(path)
+            f = finding("hang", "h1", None)
+            f["id"] = store.add_finding({**f, "first_seen": clock()})
+            store.save_host = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+            HostLedger(store, QuarantineConfig(), [], "job", clock).record([f], clock())
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    store = Store(path)
+    for fid in store.open_finding_ids().values():  # what the restarted monitor does
+        store.resolve_finding(fid, clock(), "monitor_restarted")
+    clock.t += 10
+    led = HostLedger(store, QuarantineConfig(), [], "job", clock)
+    f = finding("hang", "h1", None)
+    f["id"] = store.add_finding({**f, "first_seen": clock()})
+    led.record([f], clock())
+    assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
+    assert led.quarantined() == ["h1"]
 
 
 def _view(groups: dict[int, tuple[str, list[str]]]):

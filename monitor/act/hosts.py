@@ -195,11 +195,14 @@ class HostLedger(HostActions):
                         "devices": c["devices"], "counts": counts}
                 if again:  # recorded, so the same incarnation's next episode counts again
                     data["note"] = "re-confirmed after a monitor restart"
-                try:
+                self._unwritten = todo[i:]
+                # one transaction: an offence whose host row a kill lost would be read after a
+                # restart as seen before it, and the host, with no row, never judged
+                with self._kept_unless_written(h), self.store.atomic():
                     self.store.add_host_offence(host, at, f["kind"], f.get("id"), data)
-                except Exception:
-                    self._unwritten = todo[i:]
-                    raise
+                    if counts and h["state"] in (OK, RELEASED):
+                        self._set_state(h, SUSPECT, now)
+                    self._save(h, now)
                 self._unwritten = todo[i + 1:]
                 if again:
                     log.info("%s of %s re-confirmed after a monitor restart: recorded, not "
@@ -208,9 +211,6 @@ class HostLedger(HostActions):
                     log.info("%s in replica group %s names all its hosts (%s): recorded, not "
                              "counted against %s", f["kind"], f.get("replica_group"),
                              ", ".join(sorted(spans)), host)
-                if counts and h["state"] in (OK, RELEASED):
-                    self._set_state(h, SUSPECT, now)
-                self._save(h, now)
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
         """The newest offence of this kind and incarnation was closed by a monitor restart:
