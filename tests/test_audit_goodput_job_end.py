@@ -110,3 +110,59 @@ def test_a_monitor_restarted_after_the_job_ended_exports_the_ledgers_groups(tmp_
             g["job"]["goodput_ratio"], abs=1e-3)
     finally:
         mon.stop()
+
+
+def test_a_monitor_started_for_another_job_on_the_state_starts_its_own_ledger(tmp_path, job,
+                                                                              caplog):
+    """Job a (3 groups) loses group 1 to a kill, its incident open, and stops; job b (its own
+    Lighthouse, 2 groups) gets a monitor on the same --state. Before, job b's ledger carried on
+    job a's: 3 groups expected, a's open incident booking capacity lost on b, a's kill b's last
+    eviction. Now it is said once and b's ledger starts afresh, numbering after a's incidents."""
+    import logging
+
+    clock = [time.time()]
+
+    def start(sim: SimJob, name: str) -> Monitor:
+        cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                            targets=sim.sim.urls, job=name, lighthouse=sim.url, token=TOKEN,
+                            rails=RailsConfig(min_replicas=1, cooldown_s=600))
+        mon = Monitor(cfg, clock=lambda: clock[0]).start()
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        return mon
+
+    def evict(mon: Monitor, g: int) -> None:
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": g, "reason": "test"},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert r.status_code == 200 and r.json()["sent"], r.text
+
+    mon = start(job, "a")
+    try:
+        job.train_and_sweep(mon, clock, 30)
+        evict(mon, 1)
+        job.train_and_sweep(mon, clock, 5)
+        a = requests.get(mon.url + "/v1/goodput", timeout=10).json()
+        assert [(i["id"], i["open"]) for i in a["incidents"]] == [(1, True)]
+    finally:
+        mon.stop()
+    clock[0] += 120
+    b = SimJob(2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.goodput.account"):
+            mon = start(b, "b")
+        try:
+            b.train_and_sweep(mon, clock, 30)
+            g = requests.get(mon.url + "/v1/goodput", timeout=10).json()
+            assert g["expected_groups"] == 2 and g["incidents"] == []
+            said = [r.getMessage() for r in caplog.records if "job a's" in r.getMessage()]
+            assert len(said) == 1, said
+            assert g["job"]["badput_seconds"]["capacity_lost"] == 0
+            assert "lightkeeper_monitor_last_eviction_timestamp_seconds{" not in \
+                requests.get(mon.url + "/metrics", timeout=10).text
+            evict(mon, 1)
+            b.train_and_sweep(mon, clock, 3)
+            g = requests.get(mon.url + "/v1/goodput", timeout=10).json()
+            assert [(i["id"], i["replica_group"]) for i in g["incidents"]] == [(2, 1)]
+        finally:
+            mon.stop()
+    finally:
+        b.stop()

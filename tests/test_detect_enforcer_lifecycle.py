@@ -52,8 +52,8 @@ def clock():
 def make(tmp_path, clock):
     stores = []
 
-    def build(detectors: Detectors, **rails) -> Enforcer:
-        cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
+    def build(detectors: Detectors, job: str = "t", **rails) -> Enforcer:
+        cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job=job,
                             bundles=BundleConfig(enabled=False), rails=RailsConfig(**rails))
         store = Store(cfg.state_path)
         stores.append(store)
@@ -163,6 +163,30 @@ def test_a_finding_of_a_group_out_of_sight_waits_while_the_cooldown_ends(make, c
     view = verified(job, clock.t)
     enf.decide(view, view.evidence(), clock.t)
     assert enf.lighthouse.sent == [*kills, f.replica_id]
+
+
+@pytest.mark.parametrize("job, held", [("t", True), ("other", False)])
+def test_the_cooldown_counts_only_this_jobs_kills(make, clock, job, held):
+    """Job t's monitor kills a group, then a monitor starts on its --state: restarted for job
+    t it keeps the cooldown; started for another --job, its first automatic eviction is not
+    held by job t's kill (before, it was, for the whole --cooldown)."""
+    old = Job(groups=4)
+    view = verified(old, clock.t)
+    make(Detectors(DetectorConfig())).evict_manual(
+        view, view.evidence(), 3, old.states[old.members(3)[0]]["replica_id"], "test")
+    clock.t += 10.0
+    enf = make(Detectors(DetectorConfig()), job=job, min_replicas=2, cooldown_s=600)
+    new = Job(groups=4)
+    f = Finding("straggler", 1, new.states[new.members(1)[0]]["replica_id"], new.members(1),
+                {"culprits": [{"rank": r, "host": "host-g1"} for r in new.members(1)],
+                 "summary": "late"}, clock.t, clock.t)
+    enf.detectors.report(f)
+    enf.record([f], clock.t)
+    view = verified(new, clock.t)
+    enf.decide(view, view.evidence(), clock.t)
+    assert enf.lighthouse.sent == ([] if held else [f.replica_id])
+    assert [d["reason"] for d in enf.store.decisions(decision="hold")] == (
+        ["cooldown"] if held else [])
 
 
 def test_a_host_added_to_a_finding_whose_first_write_failed_is_charged_once(make, clock,

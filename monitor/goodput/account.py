@@ -29,15 +29,26 @@ class GoodputAccount:
         self.error: str | None = None
         self._lock = threading.Lock()  # the loop updates the ledger, the API reads it
         gcfg = GoodputConfig(expected_groups=expected_groups, max_gap_s=max(30.0, 10 * interval_s))
+        self.job = metrics.job  # the job its metrics name, kept in the snapshot
         try:
-            saved = store.load_goodput()
-            version = (saved[0] or {}).get("version", SNAPSHOT_VERSION)
+            state, *rows = store.load_goodput()
+            version = (state or {}).get("version", SNAPSHOT_VERSION)
+            job = (state or {}).get("job", self.job)  # an older snapshot's: this job's
             if version != SNAPSHOT_VERSION:  # an older or newer monitor's: not read, replaced
                 log.warning("goodput ledger not resumed from %s: its snapshot is version %s, "
                             "this monitor's %d; totals and ratios start afresh (its incidents "
                             "and intervals stay), and the next save replaces it", store.path,
                             version, SNAPSHOT_VERSION)
-            self.ledger = GoodputLedger.restore(gcfg, *saved)
+            elif job != self.job:
+                log.warning("goodput ledger not resumed from %s: its snapshot is job %s's, "
+                            "this monitor's %s; totals and ratios start afresh (its incidents "
+                            "and intervals stay), and the next save replaces it", store.path,
+                            job, self.job)
+                state = None
+            self.ledger = GoodputLedger.restore(gcfg, state, *rows)
+            if job != self.job:  # its kills are no incidents of this job
+                self.ledger.incidents.seen_evictions.update(
+                    d["id"] for d in store.decisions(limit=100, decision="evict"))
         except Exception as e:  # a malformed saved state must not stop the monitor starting
             log.warning("goodput ledger not resumed from %s (%s: %s): starting afresh",
                         store.path, type(e).__name__, e)
@@ -73,7 +84,8 @@ class GoodputAccount:
         every = max(SAVE_S, 20 * self._save_s)
         if force or incidents or now - self._saved_at >= every:
             t = time.perf_counter()
-            self._writer.submit(self.ledger.snapshot(), incidents, intervals, now)
+            self._writer.submit({**self.ledger.snapshot(), "job": self.job}, incidents,
+                                intervals, now)
             self.ledger.saved()  # the writer keeps it until written
             self._saved_at = now
             self._save_s = time.perf_counter() - t + self._writer.write_s
