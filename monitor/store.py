@@ -83,15 +83,12 @@ CREATE TABLE IF NOT EXISTS unreachable_ranks (
 CREATE TABLE IF NOT EXISTS monitor_identity (
     id INTEGER PRIMARY KEY CHECK (id = 1), value TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS monitor_job (
-    id INTEGER PRIMARY KEY CHECK (id = 1), job TEXT NOT NULL, first_decision INTEGER NOT NULL
-);
 """
 # the file's format (SQLite's user_version; 0: from before it was kept): raised only by a change
 # an older monitor would misread, which then refuses the file instead
 FORMAT = 1
 # columns added after a release: (table, column, declaration), added to an older file at start
-ADDED_COLUMNS = (("decisions", "bundle", "TEXT"),)
+ADDED_COLUMNS = (("decisions", "bundle", "TEXT"), ("decisions", "job", "TEXT"))
 
 # a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
 JOB_GROUP = -1
@@ -133,7 +130,7 @@ class Store:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
         self._lock = threading.RLock()
-        self.first_decision = 0  # this job's first decision id (hold_job)
+        self.job: str | None = None  # the --job its decisions are written for (Enforcer)
         self._atomic = 0  # depth of atomic() blocks: their writes commit at the end
         self._relock: int | None = None  # the state's lock, taken again by _kept()
         # decision id -> fields a failed write left unwritten (a kill's outcome): read as if
@@ -309,10 +306,10 @@ class Store:
                      source: str = "auto", at: float | None = None) -> int:
         return self._add("decisions",
             "INSERT INTO decisions (at, replica_group, replica_id, decision, reason, detail, "
-            "finding_id, finding, status, source) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "finding_id, finding, status, source, job) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (time.time() if at is None else at, replica_group, replica_id, decision, reason,
              detail, finding_id, json.dumps(finding, default=str) if finding else None,
-             status, source))
+             status, source, self.job))
 
     def update_decision(self, decision_id: int, **fields: Any) -> None:
         bad = set(fields) - {"status", "http_status", "confirmed_at", "detail", "bundle"}
@@ -371,22 +368,9 @@ class Store:
 
     def last_eviction_at(self) -> float | None:
         """When this job's last kill request was attempted (sent or failed): the cooldown's
-        start (:meth:`hold_job`)."""
-        return self._rows("SELECT MAX(at) FROM decisions WHERE decision='evict' AND id>=?",
-                          (self.first_decision,))[0][0]
-
-    def hold_job(self, job: str) -> None:
-        """The file is ``job``'s from now: the decisions another job's monitor recorded before
-        are not this job's (a file that never named its job: all are)."""
-        with self._lock:
-            row = self._db.execute("SELECT job, first_decision FROM monitor_job").fetchone()
-            if row and row[0] == job:
-                self.first_decision = row[1]
-                return
-            self.first_decision = 0 if row is None else 1 + (
-                self._rows("SELECT MAX(id) FROM decisions")[0][0] or 0)
-            self._write("INSERT OR REPLACE INTO monitor_job (id, job, first_decision) "
-                        "VALUES (1, ?, ?)", (job, self.first_decision))
+        start. A row from before decisions named their job counts for every job."""
+        return self._rows("SELECT MAX(at) FROM decisions WHERE decision='evict' AND "
+                          "(job=? OR job IS NULL)", (self.job,))[0][0]
 
     def interrupt_sending(self) -> None:
         """Decisions a stopped monitor left ``sending``, maybe never sent: ``interrupted``; a

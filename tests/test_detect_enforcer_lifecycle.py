@@ -5,6 +5,10 @@ Lighthouse a recorder of kills; views built as the service builds them."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import sqlite3
+
 import pytest
 
 from monitor.act.actions import Outcome
@@ -22,6 +26,7 @@ from monitor.store import Store
 from tests.support.views import scratch_view
 from tests.test_detect_network_hosts import cut
 from tests.test_monitor_detectors import T0, Job
+from tests.test_upgrade_compat import OLD
 
 
 class Kills:
@@ -165,28 +170,63 @@ def test_a_finding_of_a_group_out_of_sight_waits_while_the_cooldown_ends(make, c
     assert enf.lighthouse.sent == [*kills, f.replica_id]
 
 
+def kill_group_3(make, clock) -> None:
+    """Job t's monitor kills group 3 (by hand: a kill the cooldown counts)."""
+    old = Job(groups=4)
+    view = verified(old, clock.t)
+    make(Detectors(DetectorConfig())).evict_manual(
+        view, view.evidence(), 3, old.states[old.members(3)[0]]["replica_id"], "test")
+
+
+def straggler_decided(enf: Enforcer, now: float) -> str:
+    """Group 1 of a new job found a straggler and decided on at ``now``: its replica id."""
+    new = Job(groups=4)
+    f = Finding("straggler", 1, new.states[new.members(1)[0]]["replica_id"], new.members(1),
+                {"culprits": [{"rank": r, "host": "host-g1"} for r in new.members(1)],
+                 "summary": "late"}, now, now)
+    enf.detectors.report(f)
+    enf.record([f], now)
+    view = verified(new, now)
+    enf.decide(view, view.evidence(), now)
+    return f.replica_id
+
+
 @pytest.mark.parametrize("job, held", [("t", True), ("other", False)])
 def test_the_cooldown_counts_only_this_jobs_kills(make, clock, job, held):
     """Job t's monitor kills a group, then a monitor starts on its --state: restarted for job
     t it keeps the cooldown; started for another --job, its first automatic eviction is not
     held by job t's kill (before, it was, for the whole --cooldown)."""
-    old = Job(groups=4)
-    view = verified(old, clock.t)
-    make(Detectors(DetectorConfig())).evict_manual(
-        view, view.evidence(), 3, old.states[old.members(3)[0]]["replica_id"], "test")
+    kill_group_3(make, clock)
     clock.t += 10.0
     enf = make(Detectors(DetectorConfig()), job=job, min_replicas=2, cooldown_s=600)
-    new = Job(groups=4)
-    f = Finding("straggler", 1, new.states[new.members(1)[0]]["replica_id"], new.members(1),
-                {"culprits": [{"rank": r, "host": "host-g1"} for r in new.members(1)],
-                 "summary": "late"}, clock.t, clock.t)
-    enf.detectors.report(f)
-    enf.record([f], clock.t)
-    view = verified(new, clock.t)
-    enf.decide(view, view.evidence(), clock.t)
-    assert enf.lighthouse.sent == ([] if held else [f.replica_id])
+    rid = straggler_decided(enf, clock.t)
+    assert enf.lighthouse.sent == ([] if held else [rid])
     assert [d["reason"] for d in enf.store.decisions(decision="hold")] == (
         ["cooldown"] if held else [])
+
+
+@pytest.mark.parametrize("older_file", [False, True])
+def test_a_jobs_cooldown_outlasts_another_jobs_monitor_on_its_state(make, clock, tmp_path,
+                                                                     older_file):
+    """A -> B -> A: job t's monitor kills a group, a monitor started by mistake with another
+    --job on its --state runs a while, and t's monitor, restarted 10 s after its kill, holds
+    its next automatic eviction for the --cooldown (before, the other job's start had moved
+    the cooldown's start past t's kill). ``older_file``: the kill is in the last release's
+    --state, from before decisions named their job; it counts for every job."""
+    if older_file:
+        shutil.copy(OLD / "monitor.sqlite", tmp_path / "state.sqlite")
+        with contextlib.closing(sqlite3.connect(tmp_path / "state.sqlite")) as db:
+            clock.t = db.execute("SELECT MAX(at) FROM decisions WHERE decision='evict'"
+                                 ).fetchone()[0]
+    else:
+        kill_group_3(make, clock)
+    clock.t += 5.0
+    make(Detectors(DetectorConfig()), job="mistaken")
+    clock.t += 5.0
+    enf = make(Detectors(DetectorConfig()), min_replicas=2, cooldown_s=600)
+    straggler_decided(enf, clock.t)
+    assert enf.lighthouse.sent == []
+    assert [d["reason"] for d in enf.store.decisions(decision="hold")] == ["cooldown"]
 
 
 def test_a_host_added_to_a_finding_whose_first_write_failed_is_charged_once(make, clock,

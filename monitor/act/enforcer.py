@@ -81,7 +81,7 @@ class Enforcer:
                  blind: Callable[[], str | None], clock: Callable[[], float],
                  bundles: Bundles) -> None:
         self.cfg, self.store, self.detectors, self.hosts = cfg, store, detectors, hosts
-        store.hold_job(cfg.job)  # the cooldown counts this job's kills, not a previous job's
+        store.job = cfg.job  # the cooldown counts this job's kills, not another job's
         self.bundles = bundles
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
         self.lighthouse, self.lh_settings = lighthouse, lh_settings
