@@ -280,9 +280,12 @@ class Store:
              json.dumps(f.get("evidence") or {}, default=str), f["first_seen"],
              f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution")))
 
-    def resolve_finding(self, finding_id: int, at: float, resolution: str) -> None:
-        self._write("UPDATE findings SET resolved_at=?, resolution=? WHERE id=?",
-                    (at, resolution, finding_id))
+    def resolve_finding(self, finding_id: int, at: float, resolution: str,
+                        evidence: dict[str, Any] | None = None) -> None:
+        """``evidence``: replaces the confirmation's (a job-wide finding's later probe rounds)."""
+        self._write("UPDATE findings SET resolved_at=?, resolution=?, evidence=COALESCE(?, evidence) "
+                    "WHERE id=?", (at, resolution, None if evidence is None
+                                   else json.dumps(evidence, default=str), finding_id))
 
     def finding_resolution(self, finding_id: int | None) -> str | None:
         rows = self._rows("SELECT resolution FROM findings WHERE id=?", (finding_id,))

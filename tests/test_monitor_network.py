@@ -575,12 +575,21 @@ def test_every_link_alike_slow_names_no_host_and_acts_on_nothing(probing):
     job.sim.links = links(job, every=THROTTLED)  # every link limited alike
     d.until(lambda: (f := d.mon.detectors.job_findings()) and f[0].evidence.get("probe"),
             "a probe round", **NETWORK_SLOW)
+    first_round = d.mon.detectors.job_findings()[0].evidence["probe"]["at"]
     d.sweeps(6, **NETWORK_SLOW)
+    d.until(lambda: d.mon.detectors.job_findings()[0].evidence["probe"]["at"] > first_round,
+            "a later probe round", **NETWORK_SLOW)
     (f,) = d.mon.detectors.job_findings()
     assert f.evidence["probe"]["verdict"].startswith("no culprit: every link alike")
     assert network_findings(d) == []
     assert d.mon.store.decisions() == [] and d.mon.hosts.quarantined() == []
     assert job.kills == []
+    job.sim.links = links(job)
+    d.until(lambda: not d.mon.detectors.job_findings(), "the job back at pace")
+    # the audit log keeps why nobody was named: the rounds came after the confirmation
+    (row,) = [r for r in d.mon.store.findings() if r["kind"] == f.kind]
+    assert row["resolution"] and row["evidence"]["probe"]["verdict"].startswith("no culprit")
+    assert row["evidence"]["probe"]["at"] == f.evidence["probe"]["at"] > first_round
 
 
 def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):

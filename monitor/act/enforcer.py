@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from ..config import MonitorConfig, RailsConfig
-from ..detect import Detectors, Finding
+from ..detect import JOB_KINDS, Detectors, Finding
 from ..detect.liveness import DEAD_KINDS
 from ..evidence.claims import Claims
 from ..evidence.lighthouse_settings import LighthouseSettingsWatch
@@ -141,8 +141,11 @@ class Enforcer:
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
             f = resolved.get(key)
+            # a job-wide finding's probe rounds came after its confirmation: why nobody (or
+            # whom) they named is kept with it
             self.store.resolve_finding(self._finding_ids[key], f.resolved_at if f else now,
-                                       f.resolution if f else "cleared")
+                                       f.resolution if f else "cleared",
+                                       f.evidence if f and f.kind in JOB_KINDS else None)
             del self._finding_ids[key]  # once written: a failed write is tried again
             self._last_decision.pop(key, None)
         new, self._recorded = self._recorded, []

@@ -5,7 +5,9 @@ nobody.
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +17,8 @@ from monitor.evidence.probes import ProbeRound
 from monitor.evidence.view import ClusterView
 
 from .findings import JOB_KINDS, Finding, Findings
+
+log = logging.getLogger(__name__)
 
 # a link "from" h is one h's rank was asked to measure: it fetched the payload from the peer
 WHICH = {"both": "every link of {h}", "from": "every transfer {h} fetched",
@@ -194,6 +198,7 @@ class Network:
         self.cfg, self.findings = cfg, findings
         self._streak: dict[str, tuple[int, float]] = {}  # host -> (rounds in a row, first at)
         self._heal_rounds = 0  # rounds in a row judged while a rank heals
+        self._said: tuple = ()  # the last verdict logged
         # finding key -> (the open finding, hosts a refresh named that it had not charged)
         self._added: dict[tuple, tuple[Finding, list[str]]] = {}
 
@@ -227,6 +232,11 @@ class Network:
                    "missing": rnd.missing(), **rnd.to_json()}
         for f in jobs:
             f.evidence["probe"] = summary
+        said = (verdict.hosts, re.sub(r"[\d.]+", "#", verdict.text))  # not every round's rates
+        if jobs and said != self._said:
+            log.info("probe round for %s: %s", ", ".join(sorted({f.kind for f in jobs})),
+                     verdict.text)
+            self._said = said
         was = self._streak
         self._streak = {h: (was[h][0] + 1, was[h][1]) if h in was else (1, now)
                         for h in verdict.hosts}
