@@ -198,6 +198,7 @@ def test_registered_dead_addresses_do_not_blind_the_rails(tmp_path):
         wait_until(lambda: requests.get(mon.url + "/v1/cluster", timeout=5).json()
                    ["reachable_fraction"] < 0.5, 10, what="the dead addresses polled")
         job.sim.group(2)[0].set_mode("down")
+        job.alive.discard(2)  # its heartbeats stop too
         wait_until(lambda: job.kills, 20, what="the dead group evicted")
         assert job.kills == [job.replica_ids[2]]
         ds = requests.get(mon.url + "/v1/evictions", timeout=5).json()

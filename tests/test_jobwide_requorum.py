@@ -68,13 +68,14 @@ def test_a_held_network_finding_is_not_recovered_while_no_step_commits(tmp_path,
         assert job.kills == []  # held
         for r in job.sim.group(3):
             r.set_mode("down")
-        d.until(lambda: "dead" in d.open_kinds(), "a dead finding", steps=0)
+        job.alive.discard(3)  # its heartbeats stop too
+        d.until(lambda: "dead" in d.open_kinds(), "a dead finding", steps=0, pause=0.1,
+                sweeps=100)
         d.sweeps(3, steps=0)
         assert not d.mon.detectors.job_findings()
         assert network_findings(d) == [net]
         assert [f["resolution"] for f in d.mon.store.findings()
                 if f["kind"] == "network"] == [None]
-        job.alive.discard(3)
         d.sweeps(2)  # a step committed: recovered
         assert network_findings(d) == []
         (row,) = [f for f in d.mon.store.findings() if f["kind"] == "network"]

@@ -38,10 +38,12 @@ def _dump(seq: int, pending: bool, created_s: float) -> dict:
                                 "last_started_collective": "-1"}}}
 
 
-def _status(step: int, extra: tuple[str, ...] = ()) -> LighthouseStatus:
+def _status(step: int, extra: tuple[str, ...] = (), silent: dict[str, float] | None = None
+            ) -> LighthouseStatus:
+    """``silent``: replica id -> seconds since the Lighthouse last heard it."""
     rids = [RID[g] for g in GROUPS] + list(extra)
     return LighthouseStatus(3, {r: QuorumMember(r, step, "s:1", 1) for r in rids},
-                            dict.fromkeys(rids, 0.1), at=NOW)
+                            {**dict.fromkeys(rids, 0.1), **(silent or {})}, at=NOW)
 
 
 class Job:
@@ -82,7 +84,9 @@ def test_no_job_stall_while_a_member_is_unseen_but_not_yet_dead():
     suspected = False
     for _ in range(DEAD_SWEEPS + 2):
         t += 1.5
-        kinds += [f.kind for f in job.sweep(t, _status(43), _dump(14, True, since), frozen=(2,))]
+        # frozen, its Manager too: no heartbeat since (the Lighthouse has not timed it out yet)
+        kinds += [f.kind for f in job.sweep(t, _status(43, silent={RID[2]: t - since}),
+                                            _dump(14, True, since), frozen=(2,))]
         suspected |= job.detectors.jobwide.suspected()
     assert "job_stall" not in kinds
     assert "dead" in kinds

@@ -188,10 +188,12 @@ def test_auto_eviction_rails_and_audit_across_restart(tmp_path):
         wait_until(lambda: mon.view and mon.view.groups.get(4) is not None
                    and mon.view.groups[4].status == "up", 10, what="group 4 up")
         sim.ranks[4].set_mode("down")
+        lighthouse.alive.discard(4)  # its heartbeats stop too
         wait_until(lambda: lighthouse.kills, 10, what="the dead group's eviction")
         assert lighthouse.kills == [lighthouse.replica_ids[4]]
         # the next dead group would leave 3 < --min-replicas 4 groups: held back
         sim.ranks[3].set_mode("down")
+        lighthouse.alive.discard(3)
         wait_until(lambda: any(d["reason"] == "min_replicas"
                                for d in get(mon, "/v1/evictions").json()), 10,
                    what="a min_replicas hold")
@@ -219,6 +221,7 @@ def test_dry_run_never_evicts(tmp_path, job):
     try:
         wait_until(lambda: mon.sweeps >= 1, 10, what="a sweep")
         sim.ranks[0].set_mode("down")
+        lighthouse.alive.discard(0)  # its heartbeats stop too
         wait_until(lambda: any(d["reason"] == "dry_run"
                                for d in get(mon, "/v1/evictions").json()), 10, what="dry-run hold")
         assert lighthouse.kills == []

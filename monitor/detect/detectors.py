@@ -173,7 +173,8 @@ class Detectors:
         """The findings newly confirmed by one sweep and its dumps. ``view``: the evidence ranks;
         ``full_view``: every rank polled; ``evicted``: replica ids killed; ``lighthouse``: its
         status (None: unread); ``blind``: why the monitor may be the one cut off. Blind, or
-        reaching no group it knows, no finding ends for its groups being out of sight."""
+        reaching no group it knows, no finding ends for its groups being out of sight, nor is
+        one found ``dead`` but where its hosts refused the connections."""
         now = self.clock() if now is None else now
         full, dumps = full_view or view, dumps or {}
         cut_off = bool(blind) or (bool(view.groups) and not any(
@@ -194,7 +195,7 @@ class Detectors:
                 log.exception("Flight Recorder analysis failed")
                 self.last_error = f"analysis: {type(e).__name__}: {e}"
         steps = (
-            ("dead", lambda: self.liveness.dead(view, now, evicted, full)),
+            ("dead", lambda: self.liveness.dead(view, now, evicted, full, cut_off, lighthouse)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
             ("straggler", lambda: self.straggler.judge(view, now, cut_off)),
             ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),

@@ -6,6 +6,7 @@ it stops answering: it ended; nor is one of an incarnation the monitor evicted: 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Container, Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +20,7 @@ from .findings import Finding, Findings
 from .left_out import LeftOut
 from .rank_state import SaveClock, collective_wait
 
+log = logging.getLogger(__name__)
 DEAD_KINDS = ("dead", "dead_rank")
 # past start_quorum, before the first collective: a synchronous quorum call returns with the
 # quorum's id, so a rank here without one asked asynchronously (its allreduce waits for it)
@@ -61,6 +63,19 @@ def _kept_mark(st: Mapping[str, Any], done: int) -> float:
     return min(done, m) if type(m) is int else HOLD
 
 
+def _refused(r: RankView) -> bool:
+    """Its last poll's connection was refused: its host is up, nothing listens on the port."""
+    return r.reason == "connection" and (r.error or "").startswith("ConnectionRefusedError")
+
+
+def _heard_since(lh: LighthouseStatus | None, rid: str | None, ranks: list[RankView],
+                 now: float) -> bool:
+    """The Lighthouse still hears ``rid`` and heard it after the monitor lost ``ranks``: its
+    Manager lives and only the monitor misses them (a crash's last heartbeat comes before)."""
+    return lh is not None and bool(rid) and bool(ranks) and lh.heartbeating(rid) \
+        and lh.heartbeats[rid] < now - max(r.unreachable_since or now for r in ranks)
+
+
 def _process(r: RankView) -> tuple:
     return r.state.get("pid"), r.state.get("started_at")
 
@@ -89,6 +104,8 @@ class Liveness:
         # quorum, when a rank of it last answered]: it outlives a process (torchft gives each a
         # new replica id, and its rank is down between two), so a crash loop keeps its clock
         self._lh_read = False  # a Lighthouse status was read once (None since: a failed read)
+        self._unsure: set[Any] = set()  # why a dead was held last sweep ("cut_off", or a
+        # replica id the Lighthouse hears): said once while it lasts
 
     def _mark(self, r: RankView, done: int) -> float:
         """The commits ``r`` went down at: this run's mark, else, never heard by this run (its
@@ -99,10 +116,15 @@ class Liveness:
         return _kept_mark(r.state, done) if r.answered_at is None and r.state else done
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = (),
-             full: ClusterView | None = None) -> list[Finding]:
+             full: ClusterView | None = None, cut_off: bool = False,
+             lighthouse: LighthouseStatus | None = None) -> list[Finding]:
         """``view``: the evidence; ``full``: every rank polled (the never verified among them
-        are judged only when a verified peer's stop notice is read)."""
+        are judged only when a verified peer's stop notice is read). A group out of reach is not
+        ``dead`` while ``cut_off`` (the monitor may be the one cut off) unless its hosts refused
+        the connections, nor while ``lighthouse`` (its status this sweep) hears its replica id
+        since its ranks were lost."""
         findings, new = self.findings, []
+        unsure, self._unsure = self._unsure, set()
         open_dead = findings.groups(*DEAD_KINDS)
         last = self._last
         changed = [g for g, gv in view.groups.items() if last.get(g) is not gv]
@@ -200,6 +222,16 @@ class Liveness:
                 new.append(findings.confirm("dead_rank", gv, ranks, ev,
                                             min(r.unreachable_since or now for r in lost), now,
                                             view))
+                continue
+            # a host that refused the connection was reached: its ranks' processes are gone
+            pending = "cut_off" if cut_off and not all(map(_refused, down)) \
+                else rid if _heard_since(lighthouse, rid, down, now) else None
+            if down and pending:  # said once while it lasts
+                if pending not in unsure | self._unsure:
+                    log.info("not confirming dead: %s", "the monitor may be the one cut off "
+                             "(it reaches no group, or is blind)" if pending == "cut_off" else
+                             f"replica group {g} is out of reach, but the Lighthouse hears {rid}")
+                self._unsure.add(pending)
                 continue
             findings.resolve_where("group_dead" if down else "reachable", now, ("dead_rank",), g)
             if not down:
