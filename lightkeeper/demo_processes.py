@@ -24,6 +24,7 @@ class Processes:
 
         self.logs.mkdir(parents=True, exist_ok=True)
         self._log = open(self.dir / "demo.log", "a")
+        self.sweep_left_behind()
         try:
             self.cluster.start_lighthouse()  # stops its process itself if it fails to start
         finally:  # a Ctrl-C as it returns: the Lighthouse is stopped with the rest
@@ -57,6 +58,25 @@ class Processes:
         self.refill_spares(wait=True)  # a spare importing torch would slow the healthy baseline
         self.train_start_s = self.now()
         self.event("training", None, f"all {self.args.groups} groups committing steps")
+
+    def sweep_left_behind(self) -> None:
+        """Kill what a killed earlier demo left running, whatever its hosts (one demo runs at a
+        time: the lock), and as root remove its namespaces (a namespaced demo's fabric did
+        already); then mark every process this one starts as its own (``OWNER_ENV``)."""
+        from .processes import OWNER_ENV, kill_orphans, owner_mark
+
+        if self.fabric is None and os.geteuid() == 0:
+            from .fabric import Fabric
+
+            stale = Fabric.sweep_stale()
+            if stale:
+                self.say(f"lightkeeper demo: removed what a killed earlier demo left: "
+                         f"{', '.join(stale)}")
+        pids = kill_orphans()
+        if pids:
+            self.say(f"lightkeeper demo: killed {len(pids)} process(es) a killed earlier demo "
+                     f"left running: PIDs {', '.join(map(str, sorted(pids)))}")
+        os.environ[OWNER_ENV] = owner_mark(os.getpid())
 
     def start_monitor(self, port: int = 0) -> None:
         from .processes import start_monitor_process
@@ -159,7 +179,7 @@ class Processes:
         """Stop every process the demo started and their descendants, by PID: SIGTERM to all but
         the monitor at once, then to the monitor (a stopped rank waits for its read: a planned
         stop), ``grace`` seconds for each of the two, then SIGKILL whatever is left."""
-        from .processes import descendants, signal_same, stamped, stop_process
+        from .processes import OWNER_ENV, descendants, signal_same, stamped, stop_process
 
         self.stopping = True
         self.status = "stopping"
@@ -186,6 +206,7 @@ class Processes:
         if self._log:
             self._log.close()
             self._log = None
+        os.environ.pop(OWNER_ENV, None)  # nothing is started from here on
 
     def pids(self) -> list[int]:
         return sorted({p.pid for p in self.procs} | self.rank_pids)

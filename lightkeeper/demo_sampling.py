@@ -191,4 +191,7 @@ class Sampling:
             restarts=[(e["replica_group"], e["t"]) for e in self.events
                       if e["kind"] == "restarted"],
             samples=self.samples, quarantines=dict(self.quarantines),
-            placements=list(self.placements))
+            placements=list(self.placements),
+            drains=[(e["replica_group"], e["t"]) for e in self.events if e["kind"] == "drained"],
+            quarantine_findings={h.get("host"): h.get("finding_id") for h in
+                                 (self.hosts_view or {}).get("hosts") or [] if isinstance(h, dict)})

@@ -14,6 +14,9 @@ from .faulttrack import Deadlines, FaultTrack, Strike
 from .scenario import FaultPlan
 
 SLOW_LINK_MBIT = 20.0  # a live slow_link's rate: the issue's degraded link
+# the most a soak's fault waits for the last one's drains, restarts and quarantines to be over:
+# a quarantine frees its host after the soak's 45 s TTL, a drained group is back in seconds
+SETTLE_S = 90.0
 
 
 class Stories:
@@ -73,7 +76,8 @@ class Stories:
 
     def soak_turn(self) -> bool:
         """Between two of a soak's faults: False once its time is up; the monitor restarted
-        once, half-way; the spares refilled (a soak restarts groups many times)."""
+        once, half-way; the spares refilled (a soak restarts groups many times); then the wait
+        until nothing of the last fault goes on (:meth:`settle`)."""
         from .soak import restart_monitor, rss_kb
 
         trained = self.now() - (self.train_start_s or 0.0)
@@ -82,9 +86,51 @@ class Stories:
         if "restart" not in self.soak and trained >= self.args.soak / 2:
             self.soak["rss"].append({"life": 1, "end_kb": rss_kb(self.monitor_proc.pid)})
             self.soak["restart"] = restart_monitor(self)
+            self.soak["restart"]["job_step"] = self.job_step()
             self.soak["rss"].append({"life": 2, "start_kb": rss_kb(self.monitor_proc.pid)})
         self.refill_spares(wait=True)
+        self.settle()
         return True
+
+    def settle(self) -> None:
+        """Wait (at most SETTLE_S) until nothing of an earlier fault goes on (:meth:`unsettled`),
+        so the next one is measured alone; past that it is injected all the same, and said."""
+        self.status = "waiting for the last fault's drains, restarts and quarantines"
+        if not self.wait(lambda: self.unsettled() is None, SETTLE_S):
+            self.event("soak", None, f"not settled after {SETTLE_S:g}s, the next fault "
+                                     f"injected all the same: {self.unsettled()}")
+
+    def unsettled(self) -> str | None:
+        """What of an earlier fault still goes on, or None: a group not running, waiting for a
+        host, on a quarantined host (its drain due) or not back in a quorum of every group; a
+        host's quarantine held by a rail; no spare host free for the next fault's quarantine.
+        With one spare free and none held, the cap (the spares) holds no single quarantine. And
+        a monitor restarted has taken its job-wide baseline anew (a slow link is judged
+        against it), twice over."""
+        from .demo import baseline_steps
+
+        view = self.hosts_view or {}
+        bad = set(view.get("quarantined") or [])
+        for g, grp in sorted(self.cluster.groups.items()):
+            host = self.pool.host_of(g) if self.pool else None
+            st = self.latest.get(g) or []
+            if not grp.alive() or g in self.waiting:
+                return f"group {g} is not running"
+            if host is not None and host.node in bad:
+                return f"group {g} still runs on quarantined host {host.node}"
+            if len(st) < self.args.ranks_per_group or not all(
+                    s["participating"] and s["num_participants"] == self.args.groups for s in st):
+                return f"group {g} is not in a quorum of all {self.args.groups} groups"
+        restart = self.soak.get("restart") or {}
+        if "job_step" in restart and self.job_step() < restart["job_step"] + 2 * baseline_steps():
+            return "the restarted monitor is taking its job-wide baseline"
+        for h in view.get("hosts") or []:
+            hold = h.get("hold") or {}
+            if h.get("state") == "suspect" and hold.get("reason") not in (None, "dry_run"):
+                return f"host {h.get('host')}'s quarantine is held ({hold.get('reason')})"
+        if self.pool and self.args.spare_hosts and not self.pool.spares(bad):
+            return "no spare host is free"
+        return None
 
     # --- the stories --------------------------------------------------------------------------
     def follow_stories(self) -> None:

@@ -11,13 +11,16 @@ restarts) and the track moves through its stages, each with a deadline:
    finished) before the fault struck takes the fault with it: "never struck".
 2. **detection**: a confirmed finding for the fault's replica group, confirmed no earlier than
    1 s before the strike (``dead`` counts only once the group's process is gone, as for a crash,
-   except for ``host_offline``, whose processes live on).
+   except for ``host_offline``, whose processes live on). A finding of another fault's making is
+   not this one's: ``quarantined_host``, and any confirmed after the supervisor drained the group
+   (its host quarantined for an earlier fault); such a drain ends the story (``not measured``).
    Deadline: ``detect_s`` after the strike.
 3. **eviction**: the monitor's ``evict`` decision for that finding (or group). A ``dry_run``
    hold ends the story there; other holds (cooldown, min_replicas) are waited out until
    ``evict_s``. A group whose process died and was restarted without an eviction skips it.
 4. **rejoin**: every rank of a restarted incarnation takes part in a quorum of all groups, close
-   to the job's step. Deadline: ``rejoin_s`` after the eviction.
+   to the job's step. Deadline: ``rejoin_s`` after the eviction. A network fault's group
+   restarted on its own host (the fault still there) does not end ``recovered``.
 
 A stage whose deadline passes ends the story of that fault with an ``outcome`` and a ``note``
 that names the deadline; the track never waits forever, so the demo always ends. ``record`` is
@@ -33,6 +36,8 @@ from http_serving import printable
 
 STAGES = ("strike", "detection", "eviction", "rejoin", "done")
 FINDING_SLACK_S = 1.0  # a finding confirmed this long before the strike still counts (clocks)
+DRAIN_GRACE_S = 2.0  # a finding the monitor confirmed just before a drain may be read this late
+NETWORK_KINDS = ("slow_link", "partition", "host_offline")  # the host's: a restart there keeps it
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,9 @@ class Observation:
     quarantines: dict[str, float] = field(default_factory=dict)  # host -> demo s quarantined
     placements: list[dict] = field(default_factory=list)  # group starts: replica_group, at_s,
     #                                                      node, addr, why (the supervisor's)
+    drains: list[tuple[int, float]] = field(default_factory=list)  # (group, demo s) drained
+    quarantine_findings: dict[str, Any] = field(default_factory=dict)  # host -> the finding id
+    #                                                    its newest quarantine names (GET /v1/hosts)
 
     def unix(self, t: float) -> float:
         return self.t0_unix + t
@@ -123,6 +131,8 @@ class FaultTrack:
                                 + steps_to_go * deadlines.s_per_step, 2)
         self.finding_id: Any = None
         self.held: str | None = None
+        self.ended_s: float | None = None        # demo seconds the story ended
+        self._t = armed_at_s                       # demo seconds of the newest observation
         self._since_unix: float | None = None    # detection window start (strike, else arming)
         self.record: dict[str, Any] = {
             "replica_group": replica_group, "group_rank": group_rank,
@@ -155,6 +165,7 @@ class FaultTrack:
     def update(self, obs: Observation) -> list[tuple[str, str]]:
         """Advance as far as ``obs`` allows; returns events (kind, detail) for the demo's log."""
         events: list[tuple[str, str]] = []
+        self._t = obs.t
         before = None
         while not self.done and self.stage != before:
             before = self.stage
@@ -170,9 +181,15 @@ class FaultTrack:
             return
         since = (r["struck_at_s"] if r["struck_at_s"] is not None else r["injected_at_s"]) \
             - FINDING_SLACK_S
+        until = float("inf") if self.ended_s is None else self.ended_s + FINDING_SLACK_S
         for host in [r["host"], *(r["culprit_hosts"] or [])]:
             at = obs.quarantines.get(host) if host else None
-            if r["host_quarantined_at_s"] is None and at is not None and at >= since:
+            if r["host_quarantined_at_s"] is not None or at is None or at < since:
+                continue
+            # the host's quarantine for a finding of this story (a rail may have held it past
+            # the story's end); one the ledger names no finding for, made while the story ran
+            fid = obs.quarantine_findings.get(host)
+            if fid in self._finding_ids(obs, since, until) if fid is not None else at <= until:
                 r["host_quarantined_at_s"] = at
         gone = r["evicted_at_s"] if r["evicted_at_s"] is not None else r["detected_at_s"]
         if r["restarted_on"] is None and gone is not None:
@@ -180,6 +197,14 @@ class FaultTrack:
                       and p["at_s"] >= gone - FINDING_SLACK_S and p.get("node")), None)
             if p is not None:
                 r["restarted_on"], r["restarted_addr"] = p["node"], p.get("addr")
+
+    def _finding_ids(self, obs: Observation, since_s: float, until_s: float) -> set:
+        """Ids of the findings of this fault's group confirmed while its story ran, not of
+        another fault's making."""
+        return {self.finding_id} | {
+            f.get("id") for f in obs.findings if f.get("replica_group") == self.group
+            and f.get("confirmed_at") and since_s <= obs.rel(f["confirmed_at"]) <= until_s
+            and not self._theirs(f, obs)}
 
     def fail(self, outcome: str, note: str) -> None:
         """End the story before it began (the fault could not be armed)."""
@@ -189,13 +214,13 @@ class FaultTrack:
         """The demo ends before this story did: say where it stood."""
         if not self.done:
             self.record["note"] = f"the demo stopped at {t:.1f}s while waiting for {self.stage}"
-            self.stage = "done"
+            self.stage, self.ended_s = "done", t
 
     # --- stages ----------------------------------------------------------------------
     def _end(self, outcome: str, note: str | None, events: list) -> None:
         self.record["outcome"] = outcome
         self.record["note"] = note
-        self.stage = "done"
+        self.stage, self.ended_s = "done", self._t
         events.append(("outcome", f"fault {self.index}: {outcome}" + (f" ({note})" if note
                                                                       else "")))
 
@@ -245,9 +270,24 @@ class FaultTrack:
                 or obs.incarnation.get(self.group, 0) != self.incarnation)
         # a host gone off the network is caught as dead while its processes live on (under
         # --dry-run nothing kills them)
-        found = [f for f in found if f["kind"] != "dead" or gone or self.kind == "host_offline"]
+        found = [f for f in found if (f["kind"] != "dead" or gone or self.kind == "host_offline")
+                 and not self._theirs(f, obs)]
         found.sort(key=lambda f: (f["kind"] == "dead", f["confirmed_at"]))
         return found[0] if found else None
+
+    def _drained(self, obs: Observation) -> float | None:
+        """When the supervisor first drained the group since the fault was armed (its host
+        quarantined), or None."""
+        return next((t for g, t in obs.drains if g == self.group
+                     and t >= self.record["injected_at_s"]), None)
+
+    def _theirs(self, f: dict, obs: Observation) -> bool:
+        """``f`` is of another fault's making: a group on a host quarantined already, or what
+        a drain left (a drain follows a quarantine: one of this fault's own follows its finding,
+        which is then told already)."""
+        drained = self._drained(obs)
+        return f["kind"] == "quarantined_host" or (
+            drained is not None and f["confirmed_at"] >= obs.unix(drained))
 
     def _crash_restarted(self, obs: Observation, since_s: float, strike: bool = False) -> bool:
         """A crash exits before the next poll and the supervisor restarts the group at once:
@@ -272,7 +312,12 @@ class FaultTrack:
         if f is None:
             if self._crash_restarted(obs, r["struck_at_s"]):
                 return
-            if obs.t >= self.deadline_s:
+            drained = self._drained(obs)
+            if drained is not None and obs.t >= drained + DRAIN_GRACE_S:
+                self._end("not measured", f"group {self.group} was drained at {drained:.1f}s, "
+                                          "its host quarantined before the monitor found this "
+                                          "fault (for an earlier one)", events)
+            elif obs.t >= self.deadline_s:
                 self._end("not detected", f"no confirmed finding for group {self.group} within "
                                           f"{self.dl.detect_s:g}s of the strike "
                                           f"(deadline {self.deadline_s:.1f}s)", events)
@@ -324,8 +369,11 @@ class FaultTrack:
 
     def _rejoin(self, obs: Observation, events: list) -> None:
         r = self.record
-        r["restarted_at_s"] = r["restarted_at_s"] or next(
-            (t for g, t in obs.restarts if g == self.group and t >= r["detected_at_s"]), None)
+        if r["restarted_at_s"] is None and obs.incarnation.get(self.group, 0) != self.incarnation:
+            # its first restart since the strike, also one before the finding (a drain's)
+            since = r["struck_at_s"] if r["struck_at_s"] is not None else r["injected_at_s"]
+            r["restarted_at_s"] = next((t for g, t in obs.restarts if g == self.group
+                                        and t >= since), None)
         gone_at = r["evicted_at_s"] if r["evicted_at_s"] is not None else r["restarted_at_s"]
         if r["survivors_committing_at_s"] is None and r["evicted_at_s"] is None \
                 and r["struck_at_s"] is not None:
@@ -339,15 +387,32 @@ class FaultTrack:
                 and self._rejoined(obs, obs.unix(gone_at)):
             r["rejoined_at_s"] = obs.t
             r["outcome"] = "recovered"
-            self.stage = "done"
+            self.stage, self.ended_s = "done", obs.t
             events.append(("rejoined", f"group {self.group} back in the quorum "
                                        f"({obs.groups} participants) at step "
                                        f"{obs.group_step(self.group)}"))
+            self._on_its_host(obs, gone_at, events)
         elif obs.t >= self.deadline_s:
             self._end("evicted, did not rejoin in time" if r["evicted_at_s"] is not None
                       else "did not rejoin in time",
                       f"group {self.group} not back in a quorum of {obs.groups} within "
                       f"{self.dl.rejoin_s:g}s (deadline {self.deadline_s:.1f}s)", events)
+
+    def _on_its_host(self, obs: Observation, gone_at: float, events: list) -> None:
+        """A network fault stays on its host: a restart there (its quarantine held, or not
+        made) is no recovery, said in the outcome."""
+        r = self.record
+        back = [p for p in obs.placements if p["replica_group"] == self.group
+                and p["at_s"] >= gone_at - FINDING_SLACK_S]
+        there = [p for p in back if r["host"] is not None and p.get("node") == r["host"]]
+        if self.kind not in NETWORK_KINDS or not there:
+            return
+        still = back[-1].get("node") == r["host"]
+        self._end("rejoined on its faulty host" if still
+                  else "recovered after a restart on its faulty host",
+                  f"restarted at {there[0]['at_s']:.1f}s on {r['host']}, where the {self.kind} "
+                  "still was" + ("" if still else f"; on {back[-1].get('node')} since "
+                                                  f"{back[-1]['at_s']:.1f}s"), events)
 
     def _survivors_commit(self, obs: Observation, gone_at: float,
                           without: bool = False) -> float | None:

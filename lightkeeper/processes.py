@@ -94,6 +94,40 @@ def signal_same(procs: list[tuple[int, int]], sig: int) -> None:
             pass
 
 
+# Set by the demo in its environment for every process it starts: "<its pid>:<its start time>"
+OWNER_ENV = "LIGHTKEEPER_DEMO_OWNER"
+
+
+def owner_mark(pid: int) -> str:
+    """The :data:`OWNER_ENV` value of a demo running as ``pid``."""
+    return f"{pid}:{start_time(pid)}"
+
+
+def kill_orphans() -> list[int]:
+    """SIGKILL every process (that this user may read) whose environment names a demo
+    (:data:`OWNER_ENV`) that no longer runs: what a killed demo left, in sessions of their own,
+    training on unseen. Returns their PIDs."""
+    key = OWNER_ENV.encode() + b"="
+    left: list[tuple[int, int]] = []
+    for entry in os.listdir("/proc"):
+        # its start time read first: a PID reused meanwhile is not signalled (signal_same)
+        started = start_time(int(entry)) if entry.isdigit() else None
+        if started is None or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or another user's
+            continue
+        mark = next((v[len(key):].decode(errors="replace") for v in env.split(b"\0")
+                     if v.startswith(key)), None)
+        owner = (mark or "").split(":", 1)[0]
+        if mark is not None and (not owner.isdigit() or owner_mark(int(owner)) != mark):
+            left.append((int(entry), started))
+    signal_same(left, signal.SIGKILL)
+    return [pid for pid, _ in left]
+
+
 def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """Stop a process we started and all its descendants, by PID: SIGTERM, then SIGKILL after
     ``grace`` seconds (at once when ``grace`` is 0).

@@ -9,7 +9,9 @@ the story the soak:
 - repairs a host whose network fault moved its group away (the fault is lifted once the host is
   quarantined and empty, as a technician would), and the monitor's quarantine expires after
   ``SOAK_QUARANTINE_TTL_S`` so the host returns to the pool;
-- records the monitor's resident memory at the start and the end of each of its lives.
+- records the monitor's resident memory at the start and the end of each of its lives;
+- injects each fault once nothing of the last one goes on (its drains, restarts, held
+  quarantines: :meth:`lightkeeper.demo_stories.Stories.unsettled`), so each is measured alone.
 
 :func:`summary` turns the demo's report into ``soak.json``: per fault, found (group, rank,
 host), time to detect, time back at pace, cost; goodput against the same job without faults

@@ -20,7 +20,7 @@ def rank_state(g: int, r: int, step: int, started_at: float, participants: int =
 
 
 def obs(t: float, *, states=None, incarnation=None, alive=None, strikes=(), findings=(),
-        evictions=(), restarts=(), samples=(), finished=None) -> Observation:
+        evictions=(), restarts=(), samples=(), finished=None, **hosts) -> Observation:
     states = states if states is not None else {g: [rank_state(g, 0, 10, T0), rank_state(g, 1, 10, T0)]
                                                 for g in range(3)}
     return Observation(t=t, t0_unix=T0, groups=3, ranks_per_group=2, states=states,
@@ -29,7 +29,7 @@ def obs(t: float, *, states=None, incarnation=None, alive=None, strikes=(), find
                        finished=finished or {0: False, 1: False, 2: False},
                        strikes=list(strikes), findings=list(findings),
                        evictions=list(evictions), restarts=list(restarts),
-                       samples=list(samples))
+                       samples=list(samples), **hosts)
 
 
 def track(given: str = "start", **kw) -> FaultTrack:
@@ -241,3 +241,152 @@ def test_without_a_kill_the_survivors_are_timed_from_a_quorum_that_left_the_grou
                   incarnation={0: 0, 1: 1, 2: 0}, restarts=[(1, 30.0)]))
     assert tr.stage == "rejoin"
     assert tr.record["survivors_committing_at_s"] == 26.3  # not after the restart at 30 s
+
+
+# --- faults measured alone: what another fault made is not this one's -----------------------
+def back_in_quorum(started_s: float) -> dict[int, list[dict]]:
+    """Group 1 restarted at ``started_s`` and back in a quorum of all 3 groups."""
+    return {0: [rank_state(0, 0, 40, T0), rank_state(0, 1, 40, T0)],
+            1: [rank_state(1, 0, 39, T0 + started_s), rank_state(1, 1, 39, T0 + started_s)],
+            2: [rank_state(2, 0, 40, T0), rank_state(2, 1, 40, T0)]}
+
+
+def survivors_commit(gone_s: float) -> list[dict]:
+    """Groups 0 and 2 at step 30 until ``gone_s``, step 31 committed 2 s after."""
+    return [s for g in (0, 2) for s in (
+        {"t": gone_s - 0.5, "replica_group": g, "rank": 2 * g, "step": 30,
+         "last_step_at_s": gone_s - 0.6},
+        {"t": gone_s + 2.5, "replica_group": g, "rank": 2 * g, "step": 31,
+         "last_step_at_s": gone_s + 2.0})]
+
+
+def test_a_restart_after_the_strike_but_before_the_finding_is_the_groups_restart():
+    """The group's process went (a drain, its own exit) and the supervisor restarted it before
+    the monitor confirmed ``dead``: that restart, not only one after the finding, is the one
+    its rejoin is timed from; the story no longer waits out its rejoin deadline."""
+    tr = track()
+    dead = dict(FINDING, kind="dead", confirmed_at=T0 + 30.0)
+    tr.update(obs(26.0, strikes=[STRIKE]))
+    later = dict(strikes=[STRIKE], findings=[dead], incarnation={0: 0, 1: 1, 2: 0},
+                 restarts=[(1, 29.5)], samples=survivors_commit(29.5))
+    tr.update(obs(31.0, **later))
+    assert tr.record["detected_kind"] == "dead" and tr.stage == "rejoin"
+    tr.update(obs(40.0, states=back_in_quorum(31.0), **later))
+    assert tr.done and tr.record["outcome"] == "recovered", tr.record
+    assert (tr.record["restarted_at_s"], tr.record["rejoined_at_s"]) == (29.5, 40.0)
+
+
+def test_the_dead_finding_of_a_drain_for_an_earlier_faults_quarantine_is_not_this_faults():
+    """Seed 11: node-4 quarantined (an earlier fault's, held by the cap until then) at 68.2 s,
+    a slow link struck its group at 71.0 s, the supervisor drained the group off node-4 at
+    73.6 s and the monitor found it ``dead`` at 74.2 s. That finding is the drain's: the slow
+    link was never found, nor its host named; the story ends as not measured."""
+    spec = "slow_link:mbit=20,from_step=274"
+    tr = track(spec=spec, kind="slow_link", group_rank=None, given="live", armed_at_s=69.9,
+               trigger_step=274, step_at_arming=270)
+    strike = Strike(1, 0, 0, 2, "node-4", spec, T0 + 71.0)
+    dead = dict(FINDING, kind="dead", confirmed_at=T0 + 74.2,
+                evidence={"culprit_ranks": [2, 3], "culprit_hosts": ["node-4"]})
+    tr.update(obs(71.5, strikes=[strike], quarantines={"node-4": 68.2}))
+    drained = dict(strikes=[strike], findings=[dead], incarnation={0: 0, 1: 1, 2: 0},
+                   restarts=[(1, 73.6)], drains=[(1, 73.6)], quarantines={"node-4": 68.2})
+    tr.update(obs(74.5, **drained))
+    assert tr.stage == "detection" and tr.record["detected_at_s"] is None
+    tr.update(obs(75.6, **drained))
+    r = tr.record
+    assert tr.done and r["outcome"] == "not measured", r
+    assert "drained at 73.6s" in r["note"]
+    assert r["detected_kind"] is None and r["culprit_hosts"] is None
+    tr.note_hosts(obs(76.0, **drained))
+    assert r["host_quarantined_at_s"] is None  # quarantined before the strike: not its own
+
+
+def test_a_quarantined_host_finding_is_not_the_faults():
+    tr = track()
+    back = dict(FINDING, kind="quarantined_host", confirmed_at=T0 + 27.0)
+    tr.update(obs(30.0, strikes=[STRIKE], findings=[back]))
+    assert tr.stage == "detection" and tr.record["detected_kind"] is None
+
+
+PART = "partition:at_step=423"
+
+
+def partition_evicted() -> tuple[FaultTrack, dict]:
+    """Seed 5's fault 8: a partition of node-0, found (network) and group 1 evicted at 123.5 s,
+    restarted at 123.9 s on node-0 (its quarantine held by the cap)."""
+    tr = track(spec=PART, kind="partition", group_rank=None, given="live", armed_at_s=117.3,
+               trigger_step=423, step_at_arming=420)
+    strike = Strike(1, 0, 0, 2, "node-0", PART, T0 + 119.5)
+    found = dict(FINDING, id=13, kind="network", confirmed_at=T0 + 123.1,
+                 evidence={"culprit_ranks": [2, 3], "culprit_hosts": ["node-0"]})
+    evict = dict(EVICT, finding_id=13, reason="network", at=T0 + 123.5)
+    seen = dict(strikes=[strike], findings=[found], evictions=[evict],
+                samples=survivors_commit(123.5), quarantines={},
+                placements=[{"replica_group": 1, "at_s": 10.0, "node": "node-0"},
+                            {"replica_group": 1, "at_s": 123.9, "node": "node-0"}])
+    tr.update(obs(124.0, **seen))
+    assert tr.stage == "rejoin" and tr.record["evicted_at_s"] == 123.5
+    return tr, seen
+
+
+def test_a_network_faults_group_back_on_its_own_host_is_not_told_recovered():
+    """Back in a quorum on the host its fault is still on: it rejoined, the fault did not go."""
+    tr, seen = partition_evicted()
+    events = tr.update(obs(130.0, states=back_in_quorum(124.0), incarnation={0: 0, 1: 1, 2: 0},
+                           restarts=[(1, 123.9)], **seen))
+    r = tr.record
+    assert tr.done and r["outcome"] == "rejoined on its faulty host", r
+    assert events[-1] == ("outcome", f"fault 1: rejoined on its faulty host ({r['note']})")
+    assert "on node-0" in r["note"] and "partition still was" in r["note"]
+
+
+def test_a_network_faults_group_moved_off_its_host_after_a_restart_there_says_so():
+    """Seed 5: restarted on the partitioned node-0, drained once node-0 was quarantined at
+    129.1 s, back from node-4 at 145.5 s: recovered, after 22 s on its faulty host."""
+    tr, seen = partition_evicted()
+    seen["placements"] = seen["placements"] + [{"replica_group": 1, "at_s": 134.4,
+                                                "node": "node-4"}]
+    tr.update(obs(145.5, states=back_in_quorum(135.0), incarnation={0: 0, 1: 2, 2: 0},
+                  restarts=[(1, 123.9), (1, 134.4)], drains=[(1, 134.4)], **seen))
+    r = tr.record
+    assert tr.done and r["outcome"] == "recovered after a restart on its faulty host", r
+    assert "on node-0" in r["note"] and "on node-4 since 134.4s" in r["note"]
+
+
+SLOW = "slow:delay=0.6,from_step=276"
+
+
+def straggler_story() -> FaultTrack:
+    """Seed 5's fault 5: a straggler on node-0 struck at 77.9 s, found (finding 9) and evicted
+    at 81.0 s, back at 82.9 s: over then. Its host was not quarantined."""
+    tr = track(spec=SLOW, kind="slow", group_rank=None, given="live", armed_at_s=77.9,
+               trigger_step=276, step_at_arming=276)
+    strike = Strike(1, 0, 0, 2, "node-0", SLOW, T0 + 77.9)
+    found = dict(FINDING, id=9, confirmed_at=T0 + 81.0,
+                 evidence={"culprit_ranks": [2, 3], "culprit_hosts": ["node-0"]})
+    evict = dict(EVICT, finding_id=9, at=T0 + 81.0)
+    seen = dict(strikes=[strike], findings=[found], evictions=[evict],
+                samples=survivors_commit(81.0))
+    tr.update(obs(78.5, **seen))
+    tr.update(obs(81.5, **seen))
+    tr.update(obs(82.9, states=back_in_quorum(82.0), incarnation={0: 0, 1: 1, 2: 0},
+                  restarts=[(1, 81.9)], **seen))
+    assert tr.done and tr.record["outcome"] == "recovered"
+    return tr
+
+
+def test_a_later_quarantine_of_the_host_for_another_fault_is_not_this_ones():
+    """Seed 5: node-0 quarantined at 129.1 s for a partition (finding 13), 46 s after this
+    straggler's story ended: neither the ledger's finding nor the time is this story's."""
+    tr = straggler_story()
+    tr.note_hosts(obs(130.0, quarantines={"node-0": 129.06}))  # the ledger named no finding
+    assert tr.record["host_quarantined_at_s"] is None
+    tr.note_hosts(obs(130.0, quarantines={"node-0": 129.06},
+                      quarantine_findings={"node-0": 13}))
+    assert tr.record["host_quarantined_at_s"] is None
+
+
+def test_a_quarantine_a_rail_held_past_the_story_is_still_its_own():
+    tr = straggler_story()
+    tr.note_hosts(obs(130.0, quarantines={"node-0": 129.06}, quarantine_findings={"node-0": 9}))
+    assert tr.record["host_quarantined_at_s"] == 129.06

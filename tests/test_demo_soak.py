@@ -185,6 +185,7 @@ class _ClockedSoak(Stories):
         self.clock, self.train_start_s, self.per_fault_s = 0.0, 0.0, per_fault_s
         self.injected: list[FaultPlan] = []
         self.events: list[tuple] = []
+        self.unsettled_reason: str | None = None
 
     def now(self) -> float:
         return self.clock
@@ -201,6 +202,12 @@ class _ClockedSoak(Stories):
 
     def refill_spares(self, wait: bool) -> None:
         pass
+
+    def unsettled(self) -> str | None:  # what of the last fault goes on (its check: below)
+        return self.unsettled_reason
+
+    def job_step(self) -> int:
+        return int(self.clock)
 
     def event(self, kind, group, detail) -> None:
         self.events.append((kind, detail))
@@ -224,6 +231,72 @@ def test_a_soak_injects_faults_until_its_time_is_up_not_until_a_list_runs_out(mo
     assert summary({"faults": [], "duration_s": short.clock, "evictions": []}, short.soak,
                    [])["schedule_exhausted"] is True
     assert any("ran out" in d for k, d in short.events if k == "soak")
+
+
+def test_a_soak_fault_waits_for_the_last_ones_effects_and_says_when_it_gave_up(monkeypatch):
+    monkeypatch.setattr(soak_mod, "restart_monitor", lambda demo: {"at_s": demo.now()})
+    demo = _ClockedSoak(100.0, soak_faults(11, 3, 2, network=False))
+    demo.unsettled_reason = "group 0 still runs on quarantined host node-4"
+    demo.run_scenario()
+    # healthy 8 s, 90 s waiting, the fault at 98 s (30 s); the soak's time is up then
+    assert len(demo.injected) == 1 and demo.clock == 8.0 + 90.0 + 30.0 + demo.sc.end_s
+    said = [d for k, d in demo.events if k == "soak"]
+    assert said[0] == ("not settled after 90s, the next fault injected all the same: group 0 "
+                       "still runs on quarantined host node-4")
+
+
+class _Group:
+    def __init__(self, alive: bool = True) -> None:
+        self._alive = alive
+
+    def alive(self) -> bool:
+        return self._alive
+
+
+def test_what_of_an_earlier_fault_still_goes_on_holds_the_next_one_back(tmp_path):
+    """Seed 11 injected a slow link onto node-4 1.7 s after node-4 was quarantined for an
+    earlier fault (its drain due); seed 5 a fault 1 s after a group's cold restart, and while
+    quarantines were held by the cap. Each of those is what the next fault waits out."""
+    from lightkeeper.demo import Demo
+    from tests.support.demo import demo_args
+
+    demo = Demo(demo_args("--soak", "100"), Scenario(), tmp_path)  # node-0..2, spares 3, 4
+    demo.cluster.groups = {g: _Group() for g in range(3)}
+    ranks = [{"participating": True, "num_participants": 3, "step": 400}] * 2
+    demo.latest = {g: list(ranks) for g in range(3)}
+    demo.hosts_view = {"quarantined": [], "hosts": []}
+    assert demo.unsettled() is None
+    demo.latest = {g: [dict(ranks[0], step=20)] * 2 for g in range(3)}  # early on: no
+    assert demo.unsettled() is None  # restarted monitor to wait for
+    demo.latest = {g: list(ranks) for g in range(3)}
+    demo.hosts_view = {"quarantined": ["node-1"], "hosts": []}
+    assert demo.unsettled() == "group 1 still runs on quarantined host node-1"
+    demo.hosts_view = {"quarantined": ["node-3"], "hosts": []}  # a spare's: one is still free
+    assert demo.unsettled() is None
+    demo.latest[2] = [ranks[0], {"participating": False, "num_participants": 2}]
+    assert demo.unsettled() == "group 2 is not in a quorum of all 3 groups"
+    demo.latest[2] = ranks[:1]  # restarted: one rank answers so far
+    assert demo.unsettled() == "group 2 is not in a quorum of all 3 groups"
+    demo.latest[2] = list(ranks)
+    demo.cluster.groups[0] = _Group(alive=False)
+    assert demo.unsettled() == "group 0 is not running"
+    demo.cluster.groups[0] = _Group()
+    demo.waiting[0] = 50.0
+    assert demo.unsettled() == "group 0 is not running"
+    demo.waiting.clear()
+    demo.hosts_view = {"quarantined": ["node-3"], "hosts": [
+        {"host": "node-2", "state": "suspect", "hold": {"reason": "dry_run"}},
+        {"host": "node-4", "state": "suspect", "hold": {"reason": "cap", "detail": "2 of 2"}}]}
+    assert demo.unsettled() == "host node-4's quarantine is held (cap)"
+    demo.hosts_view = {"quarantined": ["node-3", "node-4"], "hosts": []}
+    assert demo.unsettled() == "no spare host is free"
+    # seed 11 injected a slow link 3.5 s after the monitor's restart: never judged, the
+    # restarted monitor had no job-wide baseline yet (30 steps at its defaults)
+    demo.hosts_view = {"quarantined": [], "hosts": []}
+    demo.soak["restart"] = {"at_s": 122.0, "job_step": 380}
+    assert demo.unsettled() == "the restarted monitor is taking its job-wide baseline"
+    demo.soak["restart"]["job_step"] = 340
+    assert demo.unsettled() is None
 
 
 def _tf(recovery_s, stall_s, job_steps):

@@ -99,6 +99,48 @@ def test_a_remembered_pid_that_is_another_process_now_is_not_signalled(monkeypat
     assert proc.returncode == -signal.SIGKILL
 
 
+# --- what a killed demo left ------------------------------------------------------------------
+@pytest.mark.parametrize("hosts", [("--hosts", "loopback"), ("--one-host",)])
+def test_a_demo_kills_what_a_killed_earlier_demo_left_whatever_its_hosts(tmp_path, monkeypatch,
+                                                                          capsys, hosts):
+    """A SIGKILLed demo stops nothing: its processes, in sessions of their own, train on. The
+    next demo kills, before it starts anything, every process whose environment names a demo
+    that no longer runs (``OWNER_ENV``), and no other; each process it starts names it."""
+    from lightkeeper.processes import OWNER_ENV, owner_mark
+    from lightkeeper.scenario import Scenario
+
+    monkeypatch.delenv(OWNER_ENV, raising=False)
+    killed = subprocess.Popen(["sleep", "30"])  # the demo that was killed
+    mark = owner_mark(killed.pid)
+    killed.kill()
+    killed.wait()
+    env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
+    left = subprocess.Popen(["sleep", "60"], env={**env, OWNER_ENV: mark},
+                            start_new_session=True)
+    running = subprocess.Popen(["sleep", "60"], env={**env, OWNER_ENV: owner_mark(os.getpid())})
+    other = subprocess.Popen(["sleep", "60"], env=env)
+    demo = demo_mod.Demo(demo_args(*hosts), Scenario(), tmp_path)
+    named = []
+
+    def lighthouse():  # the first process a demo starts: nothing more is needed here
+        named.append(os.environ.get(OWNER_ENV))
+        raise processes.ClusterError("stopped here")
+
+    monkeypatch.setattr(demo.cluster, "start_lighthouse", lighthouse)
+    try:
+        with pytest.raises(processes.ClusterError):
+            demo.start()
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        assert running.poll() is None and other.poll() is None
+        assert named == [owner_mark(os.getpid())]
+        assert str(left.pid) in capsys.readouterr().out
+        demo.stop(grace=0)
+        assert OWNER_ENV not in os.environ
+    finally:
+        for p in (left, running, other):
+            stop_process(p, grace=0)
+
+
 # --- interrupted while starting --------------------------------------------------------------
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, TimeoutError])
 def test_a_lighthouse_interrupted_while_it_starts_is_stopped(tmp_path, monkeypatch, interrupt):
