@@ -759,7 +759,7 @@ def test_dead_counts_against_its_host_once_the_lighthouse_agrees(driver):
     job = d.train.job
     d.sweeps(4)
     for r in job.sim.group(3):  # the monitor loses host h3; the Lighthouse still hears it
-        r.set_mode("down")
+        r.set_mode("silent")  # no answer, not even a refusal: the host, not a process
     d.sweeps(10)
     assert "dead" not in d.open_kinds()
     assert offences(d, "h3") == [] and d.mon.hosts.quarantined() == []

@@ -1,5 +1,6 @@
 """What holds a host's offence or quarantine back, on the job's own evidence: the Lighthouse's
-word before a ``dead`` finding counts (:class:`DeadGroups`) and ``--min-replicas`` before a
+word before a ``dead`` finding counts (:class:`DeadGroups`; none where the host refused the
+connections: :func:`refused_on`) and ``--min-replicas`` before a
 quarantine drains groups of the quorum (:func:`protected_hosts`; :func:`drained_groups` for
 the eviction rail). See docs/quarantine.md.
 """
@@ -56,6 +57,15 @@ class Protection(dict):
                 f"leaving {left}, fewer than --min-replicas {self.min_replicas}"
                 + (f" (group(s) {sorted(down)} down already: quarantined or evicted)"
                    if down else ""))
+
+
+def refused_on(f: dict[str, Any], ranks: Iterable[int]) -> bool:
+    """A ``dead`` finding whose ``ranks`` (one host's) each had its last connection refused: the
+    host's kernel answered, so its processes ended (a crash), the host did not drop off. One that
+    does not answer (timed out, no route: a host gone, a deleted pod's address) counts."""
+    polls, ranks = (f.get("evidence") or {}).get("unreachable") or {}, list(ranks)
+    return f.get("kind") == "dead" and bool(ranks) and all(
+        (polls.get(str(r)) or {}).get("refused") for r in ranks)
 
 
 class DeadGroups:

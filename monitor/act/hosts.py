@@ -22,7 +22,7 @@ from monitor.detect import Finding
 from monitor.store import Store
 
 from .host_actions import HostActions, failing_actions
-from .host_rails import DeadGroups, Protection, protected_hosts
+from .host_rails import DeadGroups, Protection, protected_hosts, refused_on
 from .sinks import Sink
 
 __all__ = ["DeadGroups", "HostLedger", "Protection", "culprit_hosts", "failing_actions",
@@ -188,13 +188,16 @@ class HostLedger(HostActions):
                 h = self._host(host, at)
                 h["node"] = c["node"]
                 h["devices"] += [d for d in c["devices"] if d not in h["devices"] + ["cpu"]]
-                counts = counts and not again
+                up = refused_on(f, c["ranks"])
+                counts = counts and not again and not up
                 data = {"kind": f["kind"], "finding_id": f.get("id"),
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
                         "devices": c["devices"], "counts": counts}
                 if again:  # recorded, so the same incarnation's next episode counts again
                     data["note"] = "re-confirmed after a monitor restart"
+                elif up:
+                    data["note"] = "the host refused the connections: up, its processes ended"
                 self._unwritten = todo[i:]
                 # one transaction: an offence whose host row a kill lost would be read after a
                 # restart as seen before it, and the host, with no row, never judged
@@ -207,6 +210,9 @@ class HostLedger(HostActions):
                 if again:
                     log.info("%s of %s re-confirmed after a monitor restart: recorded, not "
                              "counted against %s again", f["kind"], f.get("replica_id"), host)
+                elif up:
+                    log.info("dead of %s: %s refused the connections (up, the processes "
+                             "ended): recorded, not counted", f.get("replica_id"), host)
                 elif not counts:
                     log.info("%s in replica group %s names all its hosts (%s): recorded, not "
                              "counted against %s", f["kind"], f.get("replica_group"),

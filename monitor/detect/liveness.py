@@ -30,8 +30,8 @@ HOLD = float("-inf")  # the mark of a rank whose group's commits when it went do
 
 def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
     return {str(r.rank): {"url": r.url, "reason": r.reason, "error": r.error,
-                          "sweeps": r.failures, "since": r.unreachable_since}
-            for r in ranks}
+                          "refused": _refused(r), "sweeps": r.failures,
+                          "since": r.unreachable_since} for r in ranks}
 
 
 def _no_quorum_why(r: RankView) -> str:

@@ -1,0 +1,73 @@
+"""A ``dead`` group counts against its host when the host dropped off, not when only its
+processes ended: a host whose kernel is up refuses a connection to a closed port at once, a host
+gone answers nothing (docs/quarantine.md, the ``dead`` row).
+
+A real Monitor (real HTTP, SQLite, host ledger, sweep loop) against a real torchft Lighthouse
+that simulated groups join and heartbeat to (``SimJob``, tests/support/monitor_sim.py), each
+group on its own host. A group's heartbeats stop, then its ranks either close their ports
+(``down``: refused, a crash torchrun tore the group down after) or answer nothing (``silent``:
+the connection accepted, no answer ever: its host off the network).
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from lightkeeper.processes import wait_until
+from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    for r in j.sim.ranks:
+        g = r.state["replica_group"]
+        r.update(host=f"h{g}", node=f"node-{g}")
+    yield j
+    j.stop()
+
+
+@pytest.fixture
+def mon(tmp_path, job):
+    cfg = MonitorConfig(port=0, interval_s=0.2, poll_timeout_s=0.3, job="sim",
+                        state_path=str(tmp_path / "state.sqlite"), lighthouse=job.url,
+                        sd_out=str(tmp_path / "targets.json"), targets=job.sim.urls,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                        detectors=DetectorConfig(dead_sweeps=2))
+    m = Monitor(cfg).start()
+    yield m
+    m.stop()
+
+
+def hosts(mon: Monitor) -> dict[str, dict]:
+    got = requests.get(mon.url + "/v1/hosts", timeout=5).json()
+    return {h["host"]: h for h in got["hosts"]}
+
+
+@pytest.mark.parametrize("mode", ["down", "silent"])
+def test_a_dead_group_counts_against_its_host_only_if_the_host_stops_answering(job, mon, mode):
+    wait_until(lambda: sum((r["verification"] or {}).get("state") == "verified" for r in
+                           requests.get(mon.url + "/v1/ranks", timeout=5).json()) == 6, 15,
+               what="6 verified ranks")
+    job.alive.discard(2)  # its Manager gone: no more heartbeats
+    for r in job.sim.group(2):
+        r.set_mode(mode)
+    h2 = wait_until(lambda: hosts(mon).get("h2"), 20, what="an offence recorded against h2")
+    (dead,) = [f for f in requests.get(mon.url + "/v1/findings", timeout=5).json()
+               if f["kind"] == "dead"]
+    assert dead["replica_group"] == 2
+    refused = {r["refused"] for r in dead["evidence"]["unreachable"].values()}
+    (o,) = h2["offences"]
+    assert o["kind"] == "dead" and o["replica_group"] == 2
+    if mode == "down":  # the kernel answered: its processes ended, the host is fine
+        assert refused == {True}
+        assert not o["counts"] and "refused" in o["note"]
+        assert h2["state"] != "quarantined" and hosts(mon)["h2"]["state"] != "quarantined"
+    else:
+        assert refused == {False}
+        assert o["counts"] and o["note"] is None
+        wait_until(lambda: hosts(mon)["h2"]["state"] == "quarantined", 10, what="h2 quarantined")
+    assert set(hosts(mon)) == {"h2"}
