@@ -287,6 +287,11 @@ class Store:
                     "WHERE id=?", (at, resolution, None if evidence is None
                                    else json.dumps(evidence, default=str), finding_id))
 
+    def update_finding_evidence(self, finding_id: int, evidence: dict[str, Any]) -> None:
+        """An open finding's evidence replaced (a job-wide finding's new probe verdict)."""
+        self._write("UPDATE findings SET evidence=? WHERE id=?",
+                    (json.dumps(evidence, default=str), finding_id))
+
     def finding_resolution(self, finding_id: int | None) -> str | None:
         rows = self._rows("SELECT resolution FROM findings WHERE id=?", (finding_id,))
         return rows[0][0] if rows else None

@@ -584,12 +584,45 @@ def test_every_link_alike_slow_names_no_host_and_acts_on_nothing(probing):
     assert network_findings(d) == []
     assert d.mon.store.decisions() == [] and d.mon.hosts.quarantined() == []
     assert job.kills == []
+    # a host's rank stops answering probes: the open finding's row follows the new verdict
+    # (/v1/findings shows it; a restart closes the finding as last written)
+    (row,) = [r for r in d.mon.store.findings(open_only=True) if r["kind"] == f.kind]
+    assert row["evidence"]["probe"]["verdict"].startswith("no culprit: every link alike")
+    job.sim.group(3)[0].probe_route = False
+    d.until(lambda: f.evidence["probe"]["verdict"].startswith("no culprit: no probe results "
+                                                              "from h3"), "h3 unprobed",
+            **NETWORK_SLOW)
+    (row,) = [r for r in d.mon.store.findings(open_only=True) if r["kind"] == f.kind]
+    assert row["evidence"]["probe"]["verdict"] == f.evidence["probe"]["verdict"]
+    job.sim.group(3)[0].probe_route = True
     job.sim.links = links(job)
     d.until(lambda: not d.mon.detectors.job_findings(), "the job back at pace")
     # the audit log keeps why nobody was named: the rounds came after the confirmation
     (row,) = [r for r in d.mon.store.findings() if r["kind"] == f.kind]
     assert row["resolution"] and row["evidence"]["probe"]["verdict"].startswith("no culprit")
     assert row["evidence"]["probe"]["at"] == f.evidence["probe"]["at"] > first_round
+
+
+def test_a_second_job_wide_finding_says_its_first_probe_verdict(caplog):
+    """The monitor's log says a verdict when it changes: one said for a finding since closed
+    is said again for the next one."""
+    from monitor.config import ProbeConfig
+    from monitor.detect.findings import Findings
+    from monitor.detect.network import Network
+    from tests.support.views import scratch_view
+
+    findings, view = Findings(), scratch_view(100.0, {})
+    net = Network(ProbeConfig(), findings)
+    alike = a_round(["a", "b", "c"], lambda s, d: {})
+    with caplog.at_level(logging.INFO, logger="monitor.detect.network"):
+        for now in (100.0, 200.0):
+            f = findings.confirm("job_slow", None, [], {"summary": "slow"}, now, now, view)
+            net.judge(view, alike, now + 1, None)
+            net.judge(view, alike, now + 2, None)  # the same verdict: not said again
+            findings.resolve(f.key, "job_recovered", now + 3)
+            net.judge(view, None, now + 4, None)
+    said = [r.getMessage() for r in caplog.records if "probe round" in r.getMessage()]
+    assert len(said) == 2 and all("no culprit: every link alike" in m for m in said)
 
 
 def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):

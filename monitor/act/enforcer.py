@@ -16,6 +16,7 @@ from typing import Any
 from ..config import MonitorConfig, RailsConfig
 from ..detect import JOB_KINDS, Detectors, Finding
 from ..detect.liveness import DEAD_KINDS
+from ..detect.network import gist
 from ..evidence.claims import Claims
 from ..evidence.lighthouse_settings import LighthouseSettingsWatch
 from ..evidence.lighthouse_status import LighthouseStatus
@@ -101,6 +102,7 @@ class Enforcer:
         # have lapsed still does: they are read-only, and no one else may be there to)
         self.fetch_bundles = True
         self._finding_ids: dict[tuple, int] = {}
+        self._verdicts: dict[tuple, tuple] = {}  # job-wide finding -> its probe verdict written
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
         self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
@@ -124,7 +126,9 @@ class Enforcer:
 
     def record(self, new: list[Finding], now: float) -> list[Finding]:
         """Add the new findings to the audit log, with those a failed write (a full disk) left
-        out before; close those the detectors resolved. The findings added."""
+        out before; write an open job-wide finding's evidence when its probe verdict changes
+        (a restart leaves it as last written); close those the detectors resolved. The findings
+        added."""
         new = self._unrecorded + new
         for i, f in enumerate(new):
             try:
@@ -135,8 +139,14 @@ class Enforcer:
                 raise
             group = "job" if f.replica_group is None else str(f.replica_group)
             self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
+            self._verdicts[f.key] = gist(f.evidence.get("probe"))
         self._unrecorded = []
         self._recorded += new  # a failed resolution below must not lose them either
+        for f in self.detectors.job_findings():
+            said = gist(f.evidence.get("probe"))
+            if f.key in self._finding_ids and said != self._verdicts.get(f.key):
+                self.store.update_finding_evidence(self._finding_ids[f.key], f.evidence)
+                self._verdicts[f.key] = said  # once written: a failed write is tried again
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
@@ -147,6 +157,7 @@ class Enforcer:
                                        f.resolution if f else "cleared",
                                        f.evidence if f and f.kind in JOB_KINDS else None)
             del self._finding_ids[key]  # once written: a failed write is tried again
+            self._verdicts.pop(key, None)
             self._last_decision.pop(key, None)
         new, self._recorded = self._recorded, []
         return new

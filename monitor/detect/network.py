@@ -56,6 +56,12 @@ class Verdict:
         return list(self.lines)
 
 
+def gist(probe: dict | None) -> tuple:
+    """A round's verdict without its rates (not every round's are news): whom, and why."""
+    p = probe or {}
+    return tuple(p.get("culprit_hosts") or ()), re.sub(r"[\d.]+", "#", p.get("verdict") or "")
+
+
 def _describe(link: Link) -> str:
     how = f"{link.mbit_s:.1f} Mbit/s" if link.ok and link.mbit_s is not None else \
         f"failed: {link.error or 'no transfer'}"
@@ -209,6 +215,8 @@ class Network:
         not recovered."""
         findings = self.findings
         jobs = [f for k, f in findings.open.items() if k[0] in JOB_KINDS]
+        if not jobs:
+            self._said = ()  # the next job-wide finding's first verdict is said again
         if not jobs and not pending:
             # recovered only once a step committed since the finding opened: a job stopped for
             # good (its quorum re-forming and failing) may close every job-wide finding
@@ -232,7 +240,7 @@ class Network:
                    "missing": rnd.missing(), **rnd.to_json()}
         for f in jobs:
             f.evidence["probe"] = summary
-        said = (verdict.hosts, re.sub(r"[\d.]+", "#", verdict.text))  # not every round's rates
+        said = gist(summary)
         if jobs and said != self._said:
             log.info("probe round for %s: %s", ", ".join(sorted({f.kind for f in jobs})),
                      verdict.text)
