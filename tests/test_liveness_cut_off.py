@@ -10,12 +10,14 @@ reads every request and answers none: to the monitor its host is out of reach.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import requests
 
 from lightkeeper.processes import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
+from monitor.detect.liveness import _refused
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
 
@@ -105,3 +107,31 @@ def test_a_group_the_lighthouse_still_hears_is_not_dead_until_it_stops(job, mon,
     assert len(said) == 1 and job.replica_ids[2] in said[0], said
     job.alive.discard(2)  # now it is gone for the Lighthouse too
     wait_until(lambda: dead_groups(mon) == [2], 15, what="group 2 dead")
+
+
+def test_a_group_the_lighthouse_stops_hearing_while_it_hears_another_is_dead(job, mon):
+    """The monitor reaches no group: groups 0 and 2 are cut off from it only (the Lighthouse
+    still hears them), group 1's host is gone (its heartbeats stop too). The Lighthouse hearing
+    groups the monitor misses is on the job's side: group 1 is ``dead``, the others are not."""
+    verified(mon)
+    for g in (0, 2):
+        for r in job.sim.group(g):
+            r.set_mode("silent")
+    job.go_dark(1)
+    wait_until(lambda: dead_groups(mon) == [1], 20, what="group 1 dead")
+    sweeps_out_of_reach(mon, 6, 2 * DEAD_SWEEPS + 2)
+    assert dead_groups(mon) == [1]
+
+
+@pytest.mark.parametrize("error, refused", [
+    ("ConnectionRefusedError: [Errno 111] Connect call failed ('127.0.0.1', 8000)", True),
+    # a host name with IPv6 and IPv4 addresses (asyncio, Python 3.11): every one refused
+    ("OSError: Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+     "[Errno 111] Connect call failed ('127.0.0.1', 8000)", True),
+    ("OSError: Multiple exceptions: [Errno 101] Connect call failed ('::1', 8000, 0, 0), "
+     "[Errno 111] Connect call failed ('127.0.0.1', 8000)", False),
+    ("OSError: [Errno 113] Connect call failed ('127.0.0.1', 8000)", False),
+])
+def test_a_host_that_refused_on_every_address_refused(error, refused):
+    rank = SimpleNamespace(reason="connection", error=error)
+    assert _refused(rank) is refused

@@ -6,7 +6,9 @@ it stops answering: it ended; nor is one of an incarnation the monitor evicted: 
 
 from __future__ import annotations
 
+import errno
 import logging
+import re
 from collections.abc import Container, Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +28,9 @@ DEAD_KINDS = ("dead", "dead_rank")
 # quorum's id, so a rank here without one asked asynchronously (its allreduce waits for it)
 FIRST_STEP_PHASES = ("forward", "backward")
 HOLD = float("-inf")  # the mark of a rank whose group's commits when it went down are unknown
+# asyncio's error when every address of a host name (IPv6 and IPv4) failed: each part refused
+_ONE = rf"\[Errno {errno.ECONNREFUSED}\] Connect call failed \([^()]*\)"
+_ALL_REFUSED = re.compile(rf"OSError: Multiple exceptions: {_ONE}(, {_ONE})*")
 
 
 def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
@@ -65,7 +70,9 @@ def _kept_mark(st: Mapping[str, Any], done: int) -> float:
 
 def _refused(r: RankView) -> bool:
     """Its last poll's connection was refused: its host is up, nothing listens on the port."""
-    return r.reason == "connection" and (r.error or "").startswith("ConnectionRefusedError")
+    e = r.error or ""
+    return r.reason == "connection" and (e.startswith("ConnectionRefusedError")
+                                         or _ALL_REFUSED.fullmatch(e) is not None)
 
 
 def _heard_since(lh: LighthouseStatus | None, rid: str | None, ranks: list[RankView],
@@ -121,12 +128,16 @@ class Liveness:
         """``view``: the evidence; ``full``: every rank polled (the never verified among them
         are judged only when a verified peer's stop notice is read). A group out of reach is not
         ``dead`` while ``cut_off`` (the monitor may be the one cut off) unless its hosts refused
-        the connections, nor while ``lighthouse`` (its status this sweep) hears its replica id
-        since its ranks were lost."""
+        the connections or ``lighthouse`` (its status this sweep) hears another group since
+        the monitor lost it, nor while it hears its replica id since its ranks were lost."""
         findings, new = self.findings, []
         unsure, self._unsure = self._unsure, set()
         open_dead = findings.groups(*DEAD_KINDS)
         last = self._last
+        # a Lighthouse hearing a group since the monitor lost it is on the job's side: its
+        # silence about another is real, so only the monitor is cut off
+        lh_sides = any(_heard_since(lighthouse, gv.replica_id, gv.ranks, now)
+                       for gv in view.groups.values() if not gv.reachable)
         changed = [g for g, gv in view.groups.items() if last.get(g) is not gv]
         # a rank answering again lived: a later crash is measured from then
         for url in [u for u in self.down_at if u not in view.ranks or view.ranks[u].reachable]:
@@ -224,8 +235,9 @@ class Liveness:
                                             view))
                 continue
             # a host that refused the connection was reached: its ranks' processes are gone
-            pending = "cut_off" if cut_off and not all(map(_refused, down)) \
-                else rid if _heard_since(lighthouse, rid, down, now) else None
+            heard = _heard_since(lighthouse, rid, down, now)
+            pending = "cut_off" if cut_off and (heard or not lh_sides) \
+                and not all(map(_refused, down)) else rid if heard else None
             if down and pending:  # said once while it lasts
                 if pending not in unsure | self._unsure:
                     log.info("not confirming dead: %s", "the monitor may be the one cut off "
