@@ -94,20 +94,30 @@ def signal_same(procs: list[tuple[int, int]], sig: int) -> None:
             pass
 
 
-# Set by the demo in its environment for every process it starts: "<its pid>:<its start time>"
+# Set by the demo in its environment for every process it starts: "<its pid>:<its start
+# time>:<its PID namespace>" (a pid means something only in its namespace)
 OWNER_ENV = "LIGHTKEEPER_DEMO_OWNER"
 
 
+def pid_namespace(pid: int | str = "self") -> int | None:
+    """``pid``'s PID namespace (its inode), or None: gone, or not ours to read."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def owner_mark(pid: int) -> str:
-    """The :data:`OWNER_ENV` value of a demo running as ``pid``."""
-    return f"{pid}:{start_time(pid)}"
+    """The :data:`OWNER_ENV` value of a demo running as ``pid`` in this PID namespace."""
+    return f"{pid}:{start_time(pid)}:{pid_namespace()}"
 
 
 def kill_orphans() -> list[int]:
     """SIGKILL every process (that this user may read) whose environment names a demo
     (:data:`OWNER_ENV`) that no longer runs: what a killed demo left, in sessions of their own,
-    training on unseen. Returns their PIDs."""
-    key = OWNER_ENV.encode() + b"="
+    training on unseen. Returns their PIDs. One in another PID namespace (a demo in a
+    container), or marked in one, is not judged: its owner's pid is not this namespace's."""
+    key, ns = OWNER_ENV.encode() + b"=", pid_namespace()
     left: list[tuple[int, int]] = []
     for entry in os.listdir("/proc"):
         # its start time read first: a PID reused meanwhile is not signalled (signal_same)
@@ -121,8 +131,13 @@ def kill_orphans() -> list[int]:
             continue
         mark = next((v[len(key):].decode(errors="replace") for v in env.split(b"\0")
                      if v.startswith(key)), None)
-        owner = (mark or "").split(":", 1)[0]
-        if mark is not None and (not owner.isdigit() or owner_mark(int(owner)) != mark):
+        if mark is None or pid_namespace(entry) != ns:
+            continue
+        owner, _, rest = mark.partition(":")
+        at, _, marked_ns = rest.partition(":")
+        if marked_ns not in ("", str(ns)):
+            continue
+        if not owner.isdigit() or str(start_time(int(owner))) != at:
             left.append((int(entry), started))
     signal_same(left, signal.SIGKILL)
     return [pid for pid, _ in left]

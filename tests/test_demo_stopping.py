@@ -141,6 +141,49 @@ def test_a_demo_kills_what_a_killed_earlier_demo_left_whatever_its_hosts(tmp_pat
             stop_process(p, grace=0)
 
 
+# a demo in a container: its processes name its owner by its own PID namespace's pid
+_CONTAINED_DEMO = """
+import os, subprocess, sys
+from lightkeeper.processes import OWNER_ENV, owner_mark
+os.environ[OWNER_ENV] = owner_mark(os.getpid())
+child = subprocess.Popen(["sleep", "60"])
+print(os.getpid(), flush=True)
+sys.stdin.read()  # runs until the test closes its stdin
+"""
+
+
+def test_a_demo_running_in_another_pid_namespace_is_not_swept(monkeypatch):
+    """A demo running in a container (its own PID namespace) marks its processes with its pid
+    there, which names another process (or none) out here: a demo started out here leaves
+    them running."""
+    from lightkeeper.processes import OWNER_ENV, descendants, kill_orphans
+
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc"]
+    try:
+        probe = subprocess.run([*cmd, "true"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here to run a demo in a PID namespace of its own")
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --pid is not permitted here (root or user namespaces needed): "
+                    f"{probe.stderr.strip()}")
+    monkeypatch.delenv(OWNER_ENV, raising=False)
+    root = str(Path(__file__).resolve().parents[1])
+    demo = subprocess.Popen([*cmd, sys.executable, "-c", _CONTAINED_DEMO], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": root})
+    try:
+        assert demo.stdout.readline().strip() == "1"  # the container's first process
+        theirs = descendants(demo.pid)
+        assert len(theirs) == 2  # the demo and its sleep
+        killed = kill_orphans()
+        assert not set(killed) & set(theirs)
+        for pid in theirs:  # not a zombie either: the contained demo reaps nothing
+            with open(f"/proc/{pid}/stat") as f:
+                assert f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    finally:
+        stop_process(demo, grace=0)
+
+
 # --- interrupted while starting --------------------------------------------------------------
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, TimeoutError])
 def test_a_lighthouse_interrupted_while_it_starts_is_stopped(tmp_path, monkeypatch, interrupt):
