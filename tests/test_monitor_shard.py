@@ -1077,12 +1077,14 @@ def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lo
                 os.kill(procs["leader"].pid, signal.SIGKILL)
                 procs["leader"].wait(timeout=10)
                 job.sim.group(y)[0].set_mode("down")
+                job.alive.discard(y)  # its heartbeats stop too: dead, not only out of sight
                 wait_until(lambda: f"proposals/{rid[y]}" in keys(etcd, root), 15,
                            what="the proposal for y, made while no leader lives")
             return kill_group(replica_id)
 
         job.kill = kill_hook
         job.sim.group(x)[0].set_mode("down")
+        job.alive.discard(x)  # its heartbeats stop too: dead, not only out of sight
         wait_until(lambda: len(job.kills) >= 2, 30, what="both evictions carried out")
         # the standby took over and carried out y's proposal; x was killed once
         assert job.kills == [rid[x], rid[y]]
@@ -1131,6 +1133,7 @@ def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lo
         # the other shard is proposed and held, never sent
         stop_process(procs.pop("shard0"), grace=5.0)
         job.sim.group(z)[0].set_mode("down")
+        job.alive.discard(z)  # its heartbeats stop too: dead, not only out of sight
         wait_until(lambda: f"proposals/{rid[z]}" in keys(etcd, root), 15,
                    what="the proposal for z")
 
