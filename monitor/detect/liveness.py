@@ -128,16 +128,12 @@ class Liveness:
         """``view``: the evidence; ``full``: every rank polled (the never verified among them
         are judged only when a verified peer's stop notice is read). A group out of reach is not
         ``dead`` while ``cut_off`` (the monitor may be the one cut off) unless its hosts refused
-        the connections or ``lighthouse`` (its status this sweep) hears another group since
-        the monitor lost it, nor while it hears its replica id since its ranks were lost."""
+        the connections, nor while ``lighthouse`` (its status this sweep) hears its replica id
+        since its ranks were lost."""
         findings, new = self.findings, []
         unsure, self._unsure = self._unsure, set()
         open_dead = findings.groups(*DEAD_KINDS)
         last = self._last
-        # a Lighthouse hearing a group since the monitor lost it is on the job's side: its
-        # silence about another is real, so only the monitor is cut off
-        lh_sides = any(_heard_since(lighthouse, gv.replica_id, gv.ranks, now)
-                       for gv in view.groups.values() if not gv.reachable)
         changed = [g for g, gv in view.groups.items() if last.get(g) is not gv]
         # a rank answering again lived: a later crash is measured from then
         for url in [u for u in self.down_at if u not in view.ranks or view.ranks[u].reachable]:
@@ -235,9 +231,10 @@ class Liveness:
                                             view))
                 continue
             # a host that refused the connection was reached: its ranks' processes are gone
-            heard = _heard_since(lighthouse, rid, down, now)
-            pending = "cut_off" if cut_off and (heard or not lh_sides) \
-                and not all(map(_refused, down)) else rid if heard else None
+            # while cut off, a Lighthouse hearing one missed group may be on the monitor's side
+            # of the cut (a hung group's Manager heartbeats on): its silence proves nothing
+            pending = "cut_off" if cut_off and not all(map(_refused, down)) \
+                else rid if _heard_since(lighthouse, rid, down, now) else None
             if down and pending:  # said once while it lasts
                 if pending not in unsure | self._unsure:
                     log.info("not confirming dead: %s", "the monitor may be the one cut off "
