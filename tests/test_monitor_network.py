@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sqlite3
 import time
 
 import pytest
@@ -589,11 +590,21 @@ def test_every_link_alike_slow_names_no_host_and_acts_on_nothing(probing):
     (row,) = [r for r in d.mon.store.findings(open_only=True) if r["kind"] == f.kind]
     assert row["evidence"]["probe"]["verdict"].startswith("no culprit: every link alike")
     job.sim.group(3)[0].probe_route = False
+    write, failed = d.mon.store.update_finding_evidence, []
+
+    def full_once(*a):  # the disk full for the first write: the sweep goes on, it is retried
+        if not failed:
+            failed.append(a)
+            raise sqlite3.OperationalError("database or disk is full")
+        return write(*a)
+
+    d.mon.store.update_finding_evidence = full_once
     d.until(lambda: f.evidence["probe"]["verdict"].startswith("no culprit: no probe results "
                                                               "from h3"), "h3 unprobed",
             **NETWORK_SLOW)
+    d.sweeps(2, **NETWORK_SLOW)
     (row,) = [r for r in d.mon.store.findings(open_only=True) if r["kind"] == f.kind]
-    assert row["evidence"]["probe"]["verdict"] == f.evidence["probe"]["verdict"]
+    assert failed and row["evidence"]["probe"]["verdict"] == f.evidence["probe"]["verdict"]
     job.sim.group(3)[0].probe_route = True
     job.sim.links = links(job)
     d.until(lambda: not d.mon.detectors.job_findings(), "the job back at pace")
@@ -623,6 +634,15 @@ def test_a_second_job_wide_finding_says_its_first_probe_verdict(caplog):
             net.judge(view, None, now + 4, None)
     said = [r.getMessage() for r in caplog.records if "probe round" in r.getMessage()]
     assert len(said) == 2 and all("no culprit: every link alike" in m for m in said)
+
+
+def test_a_verdict_naming_another_host_is_news():
+    from monitor.detect.network import gist
+    said = [gist({"verdict": f"no culprit: no probe results from {h} (3 links, 19.5 Mbit/s)"})
+            for h in ("node-3", "node-7", "h2")]
+    assert len(set(said)) == 3
+    assert gist({"verdict": "every link alike (12 links, median 19.5 Mbit/s)"}) == \
+        gist({"verdict": "every link alike (12 links, median 20.4 Mbit/s)"})
 
 
 def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):

@@ -145,8 +145,12 @@ class Enforcer:
         for f in self.detectors.job_findings():
             said = gist(f.evidence.get("probe"))
             if f.key in self._finding_ids and said != self._verdicts.get(f.key):
-                self.store.update_finding_evidence(self._finding_ids[f.key], f.evidence)
-                self._verdicts[f.key] = said  # once written: a failed write is tried again
+                try:
+                    self.store.update_finding_evidence(self._finding_ids[f.key], f.evidence)
+                except sqlite3.Error as e:  # a verdict's note: tried again, the sweep goes on
+                    log.warning("probe verdict of %s not written to the audit log: %s", f.kind, e)
+                    continue
+                self._verdicts[f.key] = said
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:

@@ -59,7 +59,8 @@ class Verdict:
 def gist(probe: dict | None) -> tuple:
     """A round's verdict without its rates (not every round's are news): whom, and why."""
     p = probe or {}
-    return tuple(p.get("culprit_hosts") or ()), re.sub(r"[\d.]+", "#", p.get("verdict") or "")
+    # a number on its own (a rate, a count), not one in a host's name (node-3, h2)
+    return tuple(p.get("culprit_hosts") or ()), re.sub(r"(?<![\w-])[\d.]+", "#", p.get("verdict") or "")
 
 
 def _describe(link: Link) -> str:
