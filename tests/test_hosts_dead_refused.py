@@ -15,9 +15,9 @@ import pytest
 import requests
 
 from lightkeeper.processes import wait_until
-from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
+from tests.test_liveness_cut_off import mon  # noqa: F401  (the live monitor, fixture)
 
 
 @pytest.fixture
@@ -30,25 +30,13 @@ def job():
     j.stop()
 
 
-@pytest.fixture
-def mon(tmp_path, job):
-    cfg = MonitorConfig(port=0, interval_s=0.2, poll_timeout_s=0.3, job="sim",
-                        state_path=str(tmp_path / "state.sqlite"), lighthouse=job.url,
-                        sd_out=str(tmp_path / "targets.json"), targets=job.sim.urls,
-                        rails=RailsConfig(min_replicas=1, cooldown_s=0),
-                        detectors=DetectorConfig(dead_sweeps=2))
-    m = Monitor(cfg).start()
-    yield m
-    m.stop()
-
-
-def hosts(mon: Monitor) -> dict[str, dict]:
+def hosts(mon: Monitor) -> dict[str, dict]:  # noqa: F811
     got = requests.get(mon.url + "/v1/hosts", timeout=5).json()
     return {h["host"]: h for h in got["hosts"]}
 
 
 @pytest.mark.parametrize("mode", ["down", "silent"])
-def test_a_dead_group_counts_against_its_host_only_if_the_host_stops_answering(job, mon, mode):
+def test_a_dead_group_counts_against_its_host_only_if_the_host_stops_answering(job, mon, mode):  # noqa: F811
     wait_until(lambda: sum((r["verification"] or {}).get("state") == "verified" for r in
                            requests.get(mon.url + "/v1/ranks", timeout=5).json()) == 6, 15,
                what="6 verified ranks")
