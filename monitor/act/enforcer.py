@@ -93,6 +93,8 @@ class Enforcer:
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_trouble = Trouble("host ledger failed (its offences kept, tried again next "
                                      "sweep)", "the host ledger works again", logging.ERROR, log)
+        self.verdict_trouble = Trouble("probe verdict not written to the audit log (tried again "
+                                       "next sweep)", "probe verdicts written again", log=log)
         self._hosts_failed = False  # host_findings failed this sweep: judge_hosts keeps it said
         # set each sweep: another monitor holds this shard's slice, so this one sends no abort
         # or exit and fetches no bundle; it keeps its host ledger (and sinks) so that a
@@ -142,15 +144,17 @@ class Enforcer:
             self._verdicts[f.key] = gist(f.evidence.get("probe"))
         self._unrecorded = []
         self._recorded += new  # a failed resolution below must not lose them either
+        failed = None
         for f in self.detectors.job_findings():
             said = gist(f.evidence.get("probe"))
             if f.key in self._finding_ids and said != self._verdicts.get(f.key):
                 try:
                     self.store.update_finding_evidence(self._finding_ids[f.key], f.evidence)
                 except sqlite3.Error as e:  # a verdict's note: tried again, the sweep goes on
-                    log.warning("probe verdict of %s not written to the audit log: %s", f.kind, e)
+                    failed = f"{type(e).__name__}: {e}"
                     continue
                 self._verdicts[f.key] = said
+        self.verdict_trouble.update(failed, now, kind="write")
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
