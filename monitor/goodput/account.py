@@ -34,17 +34,15 @@ class GoodputAccount:
             state, *rows = store.load_goodput()
             version = (state or {}).get("version", SNAPSHOT_VERSION)
             job = (state or {}).get("job", self.job)  # an older snapshot's: this job's
-            if version != SNAPSHOT_VERSION:  # an older or newer monitor's: not read, replaced
-                log.warning("goodput ledger not resumed from %s: its snapshot is version %s, "
-                            "this monitor's %d; totals and ratios start afresh (its incidents "
-                            "and intervals stay), and the next save replaces it", store.path,
-                            version, SNAPSHOT_VERSION)
+            other = None  # an older or newer monitor's, or another job's: not read, replaced
+            if version != SNAPSHOT_VERSION:
+                other = f"version {version}, this monitor's {SNAPSHOT_VERSION}"
             elif job != self.job:
-                log.warning("goodput ledger not resumed from %s: its snapshot is job %s's, "
-                            "this monitor's %s; totals and ratios start afresh (its incidents "
-                            "and intervals stay), and the next save replaces it", store.path,
-                            job, self.job)
-                state = None
+                other, state = f"job {job}'s, this monitor's {self.job}", None
+            if other:
+                log.warning("goodput ledger not resumed from %s: its snapshot is %s; totals and "
+                            "ratios start afresh (its incidents and intervals stay), and the "
+                            "next save replaces it", store.path, other)
             self.ledger = GoodputLedger.restore(gcfg, state, *rows)
             if job != self.job:  # its kills are no incidents of this job
                 self.ledger.incidents.seen_evictions.update(
