@@ -20,7 +20,7 @@ import requests
 
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import stop_process, wait_until
-from tests.support.workers import try_state
+from tests.support.workers import struck_state, try_state
 
 pytestmark = pytest.mark.e2e
 
@@ -51,9 +51,10 @@ def test_abort_lets_survivors_out_of_a_collective_on_a_stopped_peer(tmp_path):
                                  for s in states) else None
 
         wait_until(all_three, 120, interval=0.3, what="3 groups committing in one quorum")
-        at = max(try_state(u)["step"] for u in urls.values()) + 5
-        r = post(urls[2], "/v1/faults", {"spec": f"hang:at_step={at}"}, FAULT_TOKEN)
+        spec = f"hang:at_step={max(try_state(u)['step'] for u in urls.values()) + 5}"
+        r = post(urls[2], "/v1/faults", {"spec": spec}, FAULT_TOKEN)
         assert r.status_code == 200, r.text
+        at = struck_state(urls[2], spec)["step"]
 
         def blocked(min_s: float):
             states = [try_state(u) for u in survivors]

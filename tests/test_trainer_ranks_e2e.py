@@ -16,7 +16,7 @@ import requests
 
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import wait_until
-from tests.support.workers import analyze_cli, save_dumps, try_state
+from tests.support.workers import analyze_cli, save_dumps, struck_state, try_state
 
 pytestmark = pytest.mark.e2e
 
@@ -100,17 +100,18 @@ def test_hang_in_group_posted_live_blocks_peer_inside_its_collective(job, tmp_pa
     ``lightkeeper analyze`` on the live dumps names the hung rank."""
     urls = job.groups[2].worker_urls
 
-    def post_hang() -> int:
+    def post_hang() -> str:
         at = max(try_state(u)["step"] for u in urls.values()) + 4
         spec = f"hang:at_step={at},where=group,rank=1"
         for u in urls.values():  # as the demo does: to every rank of the group
             r = requests.post(u + "/v1/faults", json={"spec": spec}, timeout=5,
                               headers={"Authorization": f"Bearer {TOKEN}"})
             assert r.status_code == 200, r.text
-        return at
+        return spec
 
-    at = post_hang()
+    spec = post_hang()
     hung_url, peer_url = urls[1], urls[0]
+    at = struck_state(hung_url, spec)["step"]
 
     def peer_blocked():
         peer, hung = try_state(peer_url), try_state(hung_url)
@@ -122,7 +123,7 @@ def test_hang_in_group_posted_live_blocks_peer_inside_its_collective(job, tmp_pa
 
     peer, hung = wait_until(peer_blocked, 60, interval=0.2,
                             what="group 2's rank 0 to be blocked in an in-group collective")
-    assert hung["faults"] == [f"hang:at_step={at},where=group,rank=1"] and peer["faults"] == []
+    assert hung["faults"] == [spec] and peer["faults"] == []
     assert hung["timing"]["waiting"] is None  # the culprit waits for nobody
     assert hung["phase"] == "forward"
     # Group 0 waits for group 2 in the cross-group all_reduce (until the 8 s timeout).

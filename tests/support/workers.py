@@ -21,6 +21,16 @@ def try_state(base_url: str) -> dict | None:
         return None
 
 
+def struck_state(base_url: str, spec: str, timeout: float = 60.0) -> dict:
+    """The rank's /v1/state once fault ``spec`` has struck there. A one-off posted live strikes
+    at its step, or at the first step past it when the post came late (a loaded machine), so a
+    test reads the step it struck at here rather than assuming the one it asked for."""
+    from lightkeeper.processes import wait_until
+
+    return wait_until(lambda: (s := try_state(base_url)) and spec in s["faults_struck_at"] and s,
+                      timeout, interval=0.2, what=f"{spec!r} to strike at {base_url}")
+
+
 def torchft_entries(dump: dict, incarnation: dict) -> list[dict]:
     """Entries of ``dump`` that belong to one torchft process-group incarnation."""
     return [e for e in dump["entries"] if e["pg_id"] == incarnation["pg_id"]]
