@@ -103,3 +103,19 @@ def test_a_look_that_could_not_see_the_mismatch_says_nothing():
     det.update(job.view(now), job.dumps(), now)
     assert open_kinds(det) == []
     assert det.resolved_findings()[-1].resolution == "no_longer_seen"
+
+
+def test_a_mismatch_whose_peers_crashed_on_it_stays_open_while_the_culprit_trains_on():
+    """A wrong-size all_reduce aborts the ranks that receive it; they come back as new processes
+    with empty recorders while the culprit trains on: their silence is no sign it is over."""
+    job, det, looks = mismatched(fr_interval_s=2.0)
+    healthy_recorders(job)
+    for r in (0, 2):  # restarted by their supervisor
+        job.states[r].update(pid=job.states[r]["pid"] + 100, started_at=T0 + 2)
+    now = T0 + 1
+    while looks[0] < 3 and now < T0 + 30:
+        now += 1.0
+        job.steps(3, now=now)
+        sweep(det, job, now)
+    assert looks[0] >= 3
+    assert open_kinds(det) == [("mismatch", 1)] and det.resolved_findings() == []

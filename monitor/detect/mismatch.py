@@ -61,7 +61,8 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
                              f"{how.replace('_', ' ')})",
                   "quorum_id": m["quorum_id"], "seq": m["seq"], "pg": m["raw"].get("pg"),
                   "level": "in_group" if m["replica_group"] is not None else "cross_group",
-                  "attributed_by": how, "analysis": m["raw"]}
+                  "attributed_by": how, "analysis": m["raw"],
+                  "witnesses": _incarnations(view, _participants(m["raw"]))}
             new.append(findings.confirm("mismatch", gv, ranks, ev, now - waited, now, view))
     _no_longer_seen(view, dumps, traces, seen, now, findings)
     return [f for f in new if f]
@@ -71,13 +72,21 @@ def _participants(raw: Mapping[str, Any]) -> set[int]:
     return {int(r) for v in raw.get("variants") or [] for r in v.get("ranks") or []}
 
 
+def _incarnations(view: ClusterView, ranks: set[int]) -> dict[str, list]:
+    """rank -> [pid, started_at] of the process that took part: only the same one can say later
+    that the mismatch is gone (a peer that crashed on it comes back with an empty recorder)."""
+    return {str(r): [rv.state.get("pid"), rv.state.get("started_at")] for r in sorted(ranks)
+            if (rv := view.rank_view(r)) is not None and rv.state}
+
+
 def _no_longer_seen(view: ClusterView, dumps: Mapping[int, dict],
                     traces: Mapping[int, RankTrace], seen: set[int], now: float,
                     findings: Findings) -> None:
     """Resolve the open mismatches this look could have seen and did not: it read whole dumps
-    of the group's reachable ranks and culprits and one of another participant still answering
-    (both sides), no mismatch names the group, and the group committed a step since it was
-    last seen (peers that crashed on it and came back empty would show nothing)."""
+    of the group's reachable ranks and culprits and one of another participant still answering,
+    the same process that took part (both sides), no mismatch names the group, and the group
+    committed a step since it was last seen (peers that crashed on it and came back empty would
+    show nothing: the finding then stays open until the culprit's incarnation ends)."""
     def read(r: int, whole: bool) -> bool:
         d = dumps.get(r)
         f = d.get("filter") if isinstance(d, dict) else None
@@ -94,9 +103,14 @@ def _no_longer_seen(view: ClusterView, dumps: Mapping[int, dict],
             continue
         # a leader's dump holds torchft's process group only: enough for a cross-group one
         whole = f.evidence.get("level") != "cross_group"
-        others = {r for r in _participants(f.evidence.get("analysis") or {}) - own
-                  if (rv := view.rank_view(r)) is not None and rv.reachable}
-        if others and not any(read(r, whole) for r in others):
+        named = _participants(f.evidence.get("analysis") or {}) - own
+        took_part = f.evidence.get("witnesses")
+        others = {r for r in named if (rv := view.rank_view(r)) is not None and rv.reachable
+                  and (took_part is None  # a finding restored from before witnesses were kept
+                       or took_part.get(str(r)) == [rv.state.get("pid"),
+                                                    rv.state.get("started_at")])}
+        if (others or took_part is not None and named) and not any(
+                read(r, whole) for r in others):
             continue
         findings.resolve(key, "no_longer_seen", now)
 
