@@ -260,6 +260,7 @@ def test_token_warning_says_when_pods_hold_the_admin_token():
     from monitor.poll.admission import token_warning
 
     assert "--register-token" in token_warning(None, TOKEN)
+    assert "refused" in token_warning(None, TOKEN)  # a rank without the token is shut out
     assert "equals" in token_warning(TOKEN, TOKEN)
     assert token_warning(REGISTER_TOKEN, TOKEN) is None
     assert token_warning(REGISTER_TOKEN, None) is None and token_warning(None, None) is None

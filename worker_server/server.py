@@ -428,8 +428,11 @@ class WorkerServer:
                         # 401 (token), 403 (address not allowed), 409 (another job), 429
                         # (monitor full): the operator has to act; not monitored until then.
                         # Said on stderr: the job's logging may hide or reformat a warning.
+                        hint = ("; give the rank the monitor's registration token "
+                                "(LIGHTKEEPER_REGISTER_TOKEN, lightkeeper run --register-token)"
+                                if r.status_code == 401 else "")
                         tell(f"monitor {shown} refused this rank's registration: HTTP "
-                             f"{r.status_code} {' '.join(r.text.split())[:200]}")
+                             f"{r.status_code} {' '.join(r.text.split())[:200]}{hint}")
                     elif r.status_code == 200 and said is not None:
                         tell(f"registered with monitor {shown}")
                     said = None if r.status_code == 200 else r.status_code
