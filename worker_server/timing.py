@@ -20,13 +20,10 @@ spent blocked in:
 two ``time.monotonic()`` calls per timed call and a few float additions; nothing is synchronized
 and nothing is sent.
 
-On CUDA the host clock alone is wrong. Kernels run asynchronously: the host returns from the
-forward/backward launches at once and meets the GPU's work wherever it next synchronizes, inside a
-collective (gloo copies CUDA tensors to the host) or in ``should_commit``'s device synchronize.
-Measured on an H100 (docs/gpu.md): a rank whose GPU took 30 ms longer per step, with the same
-launches as its peer, showed the same host compute (4 ms) and the same wait (50.5 ms) as the
-peer, so the slow rank was not the one with the short wait (it waited less in 18 of 30 steps:
-chance); with the events below it waited 4 ms and its peer 35 ms, in 30 of 30 steps.
+On CUDA the host clock alone is wrong: kernels run asynchronously, so the host meets the GPU's
+work wherever it next synchronizes (inside a collective, or ``should_commit``'s device
+synchronize), and a rank with a slow GPU shows the same host waits as its peers (docs/gpu.md has
+the measurement).
 
 So when the process uses CUDA, every timed wait also records a CUDA event on the current stream
 as it begins and as it ends; a wait's length is then the GPU time between those two events: it
@@ -41,12 +38,10 @@ begins after this process initialized CUDA; host time without CUDA) or ``off`` (
 Any other value is a ``ValueError`` when the timer is made. The wait in progress that readers
 see (``waiting``) is always host time.
 
-The cost on CUDA is two event records per timed wait (events reused; measured on an H100 host:
-about 0.3 ms a step with 10 timed waits, inside that run's block-to-block spread) and, at the
+The cost on CUDA is two event records per timed wait (events reused; docs/gpu.md) and, at the
 end of a step, one wait on the step's last event, which in a torchft loop has already passed
-(``should_commit`` synchronizes the stream); a loop that does not synchronize would wait there for
-its GPU to reach the end of the step. A CUDA error while recording or reading events makes that
-step's figures the host's, and the timer stays on host time from then on (logged once).
+(``should_commit`` synchronizes the stream). A CUDA error while recording or reading events makes
+that step's figures the host's, and the timer stays on host time from then on (logged once).
 """
 
 from __future__ import annotations

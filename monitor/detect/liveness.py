@@ -482,14 +482,10 @@ class Liveness:
             del self._starting[ident]
         left, still = self._left_out.judge(view, now, set(stuck), lighthouse) if view is not None \
             else ({}, set())
-        # one stays named until its group answers with a quorum (one left out: steps or takes
-        # part again), whether judged this sweep or not (held, the others stalled, a blip of its
-        # ranks, a restart still without one); a new incarnation replaces it (a left-out one's
-        # clock starts afresh); a group none of whose ranks answered for --dead-sweeps sweeps
-        # left the job (ended), counting only sweeps the monitor reached a group and read the
-        # Lighthouse (if it ever did), which did not hear the replica (an unread one pauses the
-        # count), and one without a quorum only once its memory of that lapsed: a restart's gap
-        # is no leaving
+        # named until its group answers with a quorum, judged this sweep or not (a blip, a
+        # restart still without one); left_job only after --dead-sweeps sweeps in which the
+        # monitor reached some group and the Lighthouse did not hear this one: a restart's gap
+        # or the monitor's own cut is no leaving
         seen_any = any(v.reachable for v in full.groups.values())
         self._lh_read |= lighthouse is not None
         gone, self._away = self._away, {}
