@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .config import MonitorConfig
 from .detect import Detectors, collective_wait
-from .evidence.torch_rank import TorchRanks
+from .evidence.torch_rank import FR_LAST, TorchRanks
 from .evidence.view import ClusterView, GroupView
 from .poll import fd_budget
 from .poll.discovery import Target
@@ -26,9 +26,7 @@ from .schedule import LeaderSchedule, Plan
 
 log = logging.getLogger(__name__)
 
-# Flight Recorder entries asked of each rank: 4x the 64 that give the same verdicts as whole
-# dumps (tests/test_monitor_fr_filter.py); the leaders of groups not drilled: torchft's only
-FR_LAST, FR_LAST_LEADERS = 256, 64
+FR_LAST_LEADERS = 64  # entries asked of the leaders of groups not drilled: torchft's only
 FR_DRILLED_QUERY, FR_LEADERS_QUERY = f"?last={FR_LAST}", f"?pg=torchft&last={FR_LAST_LEADERS}"
 _FR_ASKED = {FR_DRILLED_QUERY: FR_LAST, FR_LEADERS_QUERY: FR_LAST_LEADERS}
 # an answer to ?last=N: N entries of 32 KiB (torch's JSON entry is ~0.5 KB, no stack frames:
@@ -253,7 +251,7 @@ class Polling:
             self.poller = ProcessPoller(old.timeout_s, old.max_concurrency, old.max_idle,
                                         old.max_bytes)
             old.close()
-        self.poller.max_idle = max(self.poller.max_idle, n_targets + 1024)
+        self.poller.max_idle = max(self.poller.max_idle, n_targets + fd_budget.SPARE_IDLE)
         if not self._fd_advised:
             advice = fd_budget.advice(n_targets, fd_budget.soft_limit(), self.cfg.max_concurrency)
             if advice:

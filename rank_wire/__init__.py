@@ -37,6 +37,7 @@ TIMING_ROW = struct.Struct("<q4d")  # the step, then TIMING_KEYS' seconds
 # per-step rows a rank serves (``recent``) and the monitor keeps per rank: with steps of ms,
 # ranks polled a few steps apart still share the straggler's window
 TIMING_ROWS = 32
+RECENT_STEPS = 64  # step times of ``recent_step_seconds`` a rank serves and the monitor keeps
 SECONDS_SIZE = 8  # one float64 step time
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INF, _FLOAT_MAX = math.inf, sys.float_info.max
@@ -66,14 +67,6 @@ def pack_rows(rows: list) -> bytes:
             if valid_row(step, seconds):
                 out.append(TIMING_ROW.pack(step, *map(float, seconds)))
     return b"".join(out)
-
-
-def unpack_rows(blob: bytes) -> list[tuple[int, tuple[float, ...]]]:
-    """The valid rows of packed ``timing.recent`` bytes: (step, its four seconds), in order; a
-    trailing partial record is ignored."""
-    whole = blob[:len(blob) - len(blob) % TIMING_ROW.size]
-    return [(step, tuple(secs)) for step, *secs in TIMING_ROW.iter_unpack(whole)
-            if valid_row(step, secs)]
 
 
 def pack_seconds(values: list) -> bytes:

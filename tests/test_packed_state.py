@@ -19,8 +19,9 @@ from monitor.evidence.view import RankView
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poll_process import ProcessPoller
 from monitor.poll.poller import STATE_PATH, Poller, judge_body
-from rank_wire import TIMING_KEYS, TIMING_ROW, unpack_rows
+from rank_wire import TIMING_KEYS, TIMING_ROW
 from tests.support.monitor_sim import SimRanks
+from tests.support.rank_rows import unpack_rows
 from tests.support.virtual_ranks import VirtualRanks
 from worker_server import RankIdentity, RankState, WorkerServer
 

@@ -18,6 +18,7 @@ from monitor.detect.step_memory import StepMemory
 from monitor.evidence.view import RankView
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import judge_body
+from tests.support.rank_rows import unpack_rows
 from worker_server.packed import state_packed
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -97,7 +98,7 @@ def test_writer_and_reader_keep_the_same_valid_rows_in_order():
     assert all(type(b) is bytes for b in blobs.values())
     assert len(set(blobs.values())) == 1, "the writer and the monitor pack the same bytes"
     for name, blob in blobs.items():
-        assert rank_wire.unpack_rows(blob) == expected_rows(), name
+        assert unpack_rows(blob) == expected_rows(), name
     for name, kept in forms.items():
         assert type(kept["recent_step_seconds"]) is bytes
         assert RankView("u", True, kept).recent_steps() == expected_seconds(), name
@@ -132,7 +133,7 @@ def test_invalid_records_a_rank_serves_packed_are_dropped_by_the_readers():
               "recent_step_seconds": rank_wire.encode(secs)}
     kept = judge_body("u", json.dumps(answer).encode(), 0.0, 1.0, state=True).data
     assert kept["timing"]["recent"] == raw
-    assert rank_wire.unpack_rows(raw) == [(5, (1.0, 0.5, 0.25, 0.125)), (9, (2.0, 1.0, 0.5, 0.25))]
+    assert unpack_rows(raw) == [(5, (1.0, 0.5, 0.25, 0.125)), (9, (2.0, 1.0, 0.5, 0.25))]
     assert RankView("u", True, kept).recent_steps() == [0.5, 0.75]
     mem = StepMemory(depth=8)
     slot = mem.take("u", "r")

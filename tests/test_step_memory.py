@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from monitor.detect.step_memory import NONE, StepMemory
-from rank_wire import TIMING_ROW, pack_rows, unpack_rows
+from rank_wire import TIMING_ROW, pack_rows
+from tests.support.rank_rows import unpack_rows
 
 
 def served_row(rng: random.Random, step: int) -> dict:

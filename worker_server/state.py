@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from http_serving import redact_url
+from rank_wire import RECENT_STEPS
 
 from .timing import StepTimer, _cuda_in_use
 
@@ -37,7 +38,6 @@ PHASES = (
     "checkpoint",  # writing a checkpoint (worker_server.checkpoint)
     "busy",  # the group's own work outside the collectives (worker_server.checkpoint.busy)
 )  # a new phase goes last: the dashboards encode one by its position
-RECENT_STEPS = 64
 
 
 @cache

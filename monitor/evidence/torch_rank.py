@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from monitor.poll.poller import RankPoll
 from monitor.poll.torch_server import (
     RAW_KEY,
     STACKS_HANDLER,
+    StoreReader,
     TorchAnswer,
     TorchIdentity,
     replica_group_of,
@@ -32,7 +34,9 @@ CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocke
                "collective)", "compute/wait split of a step (stragglers from the Flight "
                "Recorder only)", "step times", "commit counts",
                "its own step (the Lighthouse's, per quorum request)")
-FR_LAST = 256  # newest entries a look reads: as many as monitor.polling.FR_LAST
+# Flight Recorder entries a look reads of each rank: 4x the 64 that give the same verdicts as
+# whole dumps (tests/test_monitor_fr_filter.py)
+FR_LAST = 256
 
 
 def _int(v: Any) -> int | None:
@@ -169,14 +173,29 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
 
 
 class TorchRanks:
-    """Each sweep's torch-only answers made rank states (:meth:`adapt`), and their dumps."""
+    """Each sweep's torch-only answers made rank states (:meth:`adapt`), and their dumps;
+    ``stores`` (--torch-stores) finds them in their groups' TCPStores."""
 
-    def __init__(self, job: str) -> None:
-        self.job = job
+    def __init__(self, job: str, stores: StoreReader | None = None) -> None:
+        self.job, self.stores = job, stores
         self.dumps: dict[str, dict[str, Any]] = {}  # URL -> adapted dump of its last answer
         # the last status read: while the Lighthouse is unreadable, "no quorum" would make
         # stuck_starting find every group and the job-wide detectors lose them
         self._known: LighthouseStatus | None = None
+
+    def sweep(self, polls: dict[str, RankPoll], lighthouse: LighthouseStatus | None,
+              now: float) -> dict[str, tuple[int, int]] | None:
+        """The groups' stores read for new ranks (returned: next sweep's targets, URL ->
+        (replica group, rank); None when not read), this sweep's answers made rank states."""
+        found = None
+        if self.stores is not None and lighthouse is not None:
+            found = {u: (i.replica_group, i.rank) for u, i in self.stores.read(
+                [(m.replica_id, m.store, m.world_size) for m in lighthouse.members.values()],
+                now, failed=[u for u, p in polls.items() if not p.ok]).items()}
+        # their enqueue times are on their wall clocks: judged by this host's, not the monitor's
+        self.adapt(polls, self.stores.identities() if self.stores is not None else {},
+                   lighthouse, time.time())
+        return found
 
     def adapt(self, polls: dict[str, RankPoll], identities: Mapping[str, TorchIdentity],
               lighthouse: LighthouseStatus | None, now: float) -> None:
@@ -213,3 +232,14 @@ class TorchRanks:
         # answers carried from an earlier sweep (leader polling) keep their dump
         self.dumps = {**{u: d for u, d in self.dumps.items()
                          if u not in polls and u in identities}, **dumps}
+
+
+def add_stacks(new: list, stacks: Callable[[Iterable[str]], dict[str, str]]) -> None:
+    """A new finding's culprits on torch's debug server: their stacks read now (``stacks``), into
+    its evidence (an eviction ends the process, and its stacks with it)."""
+    culprits = [c for f in new for c in f.evidence.get("culprits") or []
+                if is_torch(c.get("url") or "") and (c.get("stacks") or "").startswith("http")]
+    if culprits:
+        got = stacks(c["stacks"] for c in culprits)
+        for c in culprits:
+            c["stacks_text"] = got[c["stacks"]]

@@ -14,6 +14,7 @@ except ImportError:  # not a POSIX system: no limit to raise or read
 
 RESERVE = 256  # descriptors left for the rest of the process (at most a quarter of the limit)
 UNLIMITED = 1 << 20  # what an infinite (or unreadable) limit counts as
+SPARE_IDLE = 1024  # idle connections the monitor keeps beyond one per target
 
 
 def soft_limit() -> int:
@@ -48,12 +49,12 @@ def budget(limit: int, max_concurrency: int) -> tuple[int, int]:
 
 
 def advice(n_targets: int, limit: int, max_concurrency: int) -> str | None:
-    """A warning when ``n_targets`` ranks (and the 1,024 spare the monitor asks for) do not
+    """A warning when ``n_targets`` ranks (and the :data:`SPARE_IDLE` the monitor asks for) do not
     each fit a pooled connection under ``limit``, with the limit that would; None if they fit."""
     idle_cap = budget(limit, max_concurrency)[1]
-    if n_targets + 1024 <= idle_cap:
+    if n_targets + SPARE_IDLE <= idle_cap:
         return None
-    need = n_targets + 1024 + max_concurrency
+    need = n_targets + SPARE_IDLE + max_concurrency
     wanted = max(need + RESERVE, math.ceil(need * 4 / 3))
     return (f"{n_targets} targets but the file descriptor limit ({limit}) leaves the poller "
             f"{idle_cap} idle connections: ranks on addresses of their own past them reconnect "

@@ -13,6 +13,7 @@ import msgspec
 
 from rank_wire import (
     PACKED_FORMAT,
+    RECENT_STEPS,
     SECONDS_SIZE,
     TIMING_ROW,
     TIMING_ROWS,
@@ -24,7 +25,6 @@ from rank_wire import (
 NAME_CHARS = 256  # a host, job, replica id, version, phase or fault spec (DNS names: 253)
 TEXT_CHARS = 1024  # a URL, an error
 MAX_FAULTS = 64  # entries of ``faults`` and ``faults_struck_at``
-STEP_TIMES_KEPT = 64  # ``recent_step_seconds``: the most a rank serves
 _SHOWN = 8  # items kept of a value of the wrong shape: enough for valid_state to say what it is
 
 
@@ -100,8 +100,8 @@ class _State(TypedDict, total=False):
     last_step_seconds: _Num | None
     last_step_at: _Num | None
     recent_step_seconds: (
-        Annotated[list[_Num], msgspec.Meta(max_length=STEP_TIMES_KEPT)]
-        | Annotated[str, msgspec.Meta(max_length=_b64_chars(STEP_TIMES_KEPT * SECONDS_SIZE))])
+        Annotated[list[_Num], msgspec.Meta(max_length=RECENT_STEPS)]
+        | Annotated[str, msgspec.Meta(max_length=_b64_chars(RECENT_STEPS * SECONDS_SIZE))])
     commits: int
     commit_failures: int | None
     heals: int
@@ -171,7 +171,7 @@ def bounded_state(doc: dict[str, Any]) -> dict[str, Any]:
         elif key == "faults_struck_at" and type(v) is dict:
             v = {k[:NAME_CHARS]: _scalar(x) for k, x in list(v.items())[-MAX_FAULTS:]}
         elif key == "recent_step_seconds" and type(v) is list:
-            v = [_scalar(x) for x in v[-STEP_TIMES_KEPT:]]
+            v = [_scalar(x) for x in v[-RECENT_STEPS:]]
         elif key != "recent_step_seconds":  # a packed string: pack_state keeps its newest
             v = _small(v)
             if type(v) is str and key not in ("worker_url", "lighthouse", *IDENTITY):
@@ -203,5 +203,5 @@ def pack_state(doc: dict[str, Any]) -> dict[str, Any]:
                                  TIMING_ROWS)
     if "recent_step_seconds" in doc:
         doc["recent_step_seconds"] = _kept(doc["recent_step_seconds"], served, SECONDS_SIZE,
-                                           pack_seconds, STEP_TIMES_KEPT)
+                                           pack_seconds, RECENT_STEPS)
     return doc
