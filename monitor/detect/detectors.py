@@ -42,7 +42,7 @@ class Detectors:
         self.findings = Findings()
         self._groups: dict[int, GroupMemory] = {}  # per group: its incarnation's memory
         self.liveness = Liveness(self.cfg, self.findings)
-        self.hang = Hang(self.cfg, self.findings, self.analyzer)
+        self.hang = Hang(self.cfg, self.findings)
         self.straggler = Straggler(self.cfg, self.findings, self._groups)
         self.jobwide = JobWide(self.cfg, self.findings)
         self.net = Network(probes or ProbeConfig(), self.findings)
@@ -55,6 +55,9 @@ class Detectors:
         # shorten fr_interval
         self.fr_window_adapts = True
         self.last_error: str | None = None
+        self._noted: tuple[ClusterView, float] | None = None  # the sweep _note_sweep last noted
+        # [now, the dumps, their traces, errors, the engine's findings or None] of the last look
+        self._look: list | None = None
 
     @property
     def last_lags(self) -> dict[int, float]:
@@ -112,7 +115,10 @@ class Detectors:
 
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:
-        return self.hang.in_group_hangs(view, dumps, now)
+        """The groups whose in-group hang ``dumps`` alone confirm (Hang.in_group_hangs); its
+        analysis is kept for :meth:`update` of the same dumps at the same ``now``."""
+        return self.hang.in_group_hangs(view, dumps, now,
+                                        lambda: self._engine(self._looked(dumps, now)))
 
     def fr_interval(self) -> float:
         """Seconds between periodic looks: ``fr_interval_s``, or a third of :attr:`fr_window_s`
@@ -129,8 +135,7 @@ class Detectors:
         now = self.clock() if now is None else now
         reason = None
         try:
-            self._remember_groups(view)
-            self.hang.note_progress(view, now)
+            self._note_sweep(view, now)
             if self.hang.stall(view, now)[0]:
                 reason = "hang"
             elif self._commit_failures_rose(view):
@@ -179,21 +184,22 @@ class Detectors:
         full, dumps = full_view or view, dumps or {}
         cut_off = bool(blind) or (bool(view.groups) and not any(
             gv.reachable for gv in view.groups.values()))
-        self._remember_groups(view)
-        self.hang.note_progress(view, now)
+        self._note_sweep(view, now)
         traces: dict[int, RankTrace] = {}
         analysis = None
         if dumps:
             self._note_fr_window(dumps)
             try:
-                traces, errors = normalize_dumps(dumps)
-                for err in errors:
+                look = self._looked(dumps, now)
+                traces = look[2]
+                for err in look[3]:
                     log.warning("Flight Recorder dump of rank %s left out: %s", err["rank"],
                                 err["error"])
-                analysis = engine_findings(self.analyzer(traces))
+                analysis = self._engine(look)
             except Exception as e:
                 log.exception("Flight Recorder analysis failed")
                 self.last_error = f"analysis: {type(e).__name__}: {e}"
+        self._look = None  # read: the dumps are not kept past their sweep
         steps = (
             ("dead", lambda: self.liveness.dead(view, now, evicted, full, cut_off, lighthouse)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
@@ -231,6 +237,32 @@ class Detectors:
                 spans.append((t1 - t0) / 1e9 * max(1.0, f["last"] / len(entries)))
         if spans:
             self.fr_window_s = min(spans)
+
+    def _note_sweep(self, view: ClusterView, now: float) -> None:
+        """New groups and the hang's progress, once a sweep (fr_wanted, then update)."""
+        if self._noted is not None and self._noted[0] is view and self._noted[1] == now:
+            return
+        self._remember_groups(view)
+        self.hang.note_progress(view, now)
+        self._noted = (view, now)
+
+    def _looked(self, dumps: Mapping[int, dict], now: float) -> list:
+        """The look at ``dumps`` (see ``_look``), normalized once for the same dump objects at
+        the same ``now``: a hang's confirming sweep analyses its dumps before fetching more."""
+        got = self._look
+        if got is None or got[0] != now or got[1].keys() != dumps.keys() \
+                or any(dumps[r] is not d for r, d in got[1].items()):
+            got = self._look = [now, dict(dumps), *normalize_dumps(dumps), None]
+        return got
+
+    def _engine(self, look: list) -> list[dict]:
+        """The engine's findings of a look, run once; a failed run is not kept, nor its traces
+        (the engine renumbers them as it goes)."""
+        if look[4] is None:
+            self._look = None
+            look[4] = engine_findings(self.analyzer(look[2]))
+            self._look = look
+        return look[4]
 
     def _remember_groups(self, view: ClusterView) -> None:
         """A new group or replica id: a fresh memory, the earlier incarnation's findings

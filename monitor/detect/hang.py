@@ -11,12 +11,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from monitor.analysis import normalize_dumps
 from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
 
-from .findings import Finding, Findings, engine_findings
+from .findings import Finding, Findings
 from .rank_state import SaveClock, SeenGroups, collective_wait, current_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
@@ -62,8 +61,8 @@ def _inner(analysis: list[dict]) -> dict[int, dict]:
 
 
 class Hang:
-    def __init__(self, cfg: DetectorConfig, findings: Findings, analyzer: Callable) -> None:
-        self.cfg, self.findings, self.analyzer = cfg, findings, analyzer
+    def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
+        self.cfg, self.findings = cfg, findings
         self.progress_steps: dict[int, int] = {}  # each in-quorum group's step
         self._progress_quorum: int | None = None  # the quorum id of progress_steps
         self._progress_at: float | None = None
@@ -290,15 +289,16 @@ class Hang:
             out.append(self.findings.confirm("hang", gv, ranks, ev, now - longest, now, view))
         return out
 
-    def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
-                       now: float) -> set[int]:
+    def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict], now: float,
+                       analysis: Callable[[], list[dict]]) -> set[int]:
         """The groups whose in-group hang ``dumps`` alone confirm (the service then skips the
-        other groups' dumps); empty on any error."""
+        other groups' dumps); ``analysis``: the engine's findings of ``dumps``, asked only on a
+        stall. Empty on any error."""
         try:
             stalled, _, _, waits = self.stall(view, now)
             if not stalled or not dumps:
                 return set()
-            inner = _inner(engine_findings(self.analyzer(normalize_dumps(dumps)[0])))
+            inner = _inner(analysis())
             in_quorum = {gv.replica_group for gv in view.in_quorum()}
             rank_group = rank_groups(view, dumps)
             return {g for g, h in inner.items() if g in in_quorum and g in view.groups
