@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from http_serving import BackgroundWSGIServer, http_url, redact_entry, redact_url
+from http_serving import BackgroundWSGIServer, http_url
 
 from .act.actions import Lighthouse
 from .act.bundles import Bundles
@@ -35,22 +35,15 @@ from .detect import Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.probes import ProbeMesh
-from .evidence.rank import DOWN_AT, answers_other_job, last_known
-from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
+from .evidence.torch_rank import TorchRanks, add_stacks
+from .evidence.unreachable import Unreachable
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
 from .locks import hold_state
-from .poll.admission import (
-    NotAllowed,
-    ResolverBusy,
-    Unauthorized,
-    registration_authorized,
-    resolvable,
-)
-from .poll.discovery import BadTarget, Discovery, OtherJob, Target, TooManyTargets
+from .poll.admission import Registrations
+from .poll.discovery import Discovery, Target
 from .poll.torch_server import StoreReader
-from .poll.torch_target import is_torch
 from .polling import Polling
 from .schedule import LeaderSchedule
 from .shard import Shards, expected_in_slice
@@ -60,16 +53,6 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
-REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said once a window this long
-# refusals said a window: anyone reaching the API may send a new URL each time, and neither the
-# set of those said nor the log may grow with them (then one line says the rest go unsaid)
-REFUSALS_SAID = 1000
-# a job's end said (a rank finished or stopped) this long before its last ranks went quiet
-# explains them: a rank not read within its finish() wait vanishes unsaid beside its peers
-END_SAID_SLACK_S = 60.0
-REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
-            TooManyTargets: "too_many_targets", OtherJob: "other_job",
-            ResolverBusy: "resolver_busy"}
 
 
 class Monitor:
@@ -90,29 +73,28 @@ class Monitor:
     def _build(self, cfg: MonitorConfig, clock) -> None:
         self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job,
                                    max_targets=cfg.max_targets)
-        self.allow_list = allow_list(cfg)
         if cfg.sd_out:
             self.discovery.restore(cfg.sd_out)  # resume polling what the last run knew
         self.store = Store(cfg.state_path)
         self.metrics = MonitorMetrics(cfg.job)
+        self.registrations = Registrations(self.discovery, allow_list(cfg), cfg,
+                                           self.metrics.registrations, clock)
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
         self.metrics.start_time.labels(cfg.job).set(clock())
         self.detectors = Detectors(cfg.detectors, clock=clock, probes=cfg.probes)
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)
         # ranks on torch's own debug server: found in the groups' stores, read as rank states
-        self.torch_stores = StoreReader(forget_after_s=cfg.forget_after_s) \
-            if cfg.torch_stores else None
-        self.torch_ranks = TorchRanks(cfg.job)
+        self.torch_ranks = TorchRanks(cfg.job, StoreReader(forget_after_s=cfg.forget_after_s)
+                                      if cfg.torch_stores else None)
         self.polling = Polling(cfg, self.schedule, self.detectors, self._targets, clock,
                                ask_ahead=cfg.shard is None, torch_ranks=self.torch_ranks,
                                has_torch=lambda: self.discovery.has_torch)
         self.views = ViewBuilder()
         kept = self.store.unreachable()  # whose an unreachable rank was, across a restart
         self.views.seed(kept)
-        # url -> the dead_rank mark kept with it (None: none)
-        self._kept_unreachable = {u: st.get(DOWN_AT) for u, (_, st, _) in kept.items()}
-        self._unkept: set[str] = set()  # unreachable, not kept yet (a failed write)
+        self.unreachable = Unreachable(self.store, self.views, self.discovery, kept,
+                                       self.metrics.ranks_lost.labels(cfg.job))
         self.verifier = Verifier()
         self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
             if cfg.lighthouse else None
@@ -125,9 +107,6 @@ class Monitor:
         self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again",
                                log=log)
         self._sweep_trouble = Trouble("sweep failed", "sweeps succeed again", logging.ERROR, log)
-        self._refused: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
-        self._refused_in = 0
-        self._end_said_at: float | None = None  # a forgotten rank last said it ended/stopped
         self._torchft_said: frozenset[str] | None = None  # the mixed torchft versions logged
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
@@ -246,7 +225,8 @@ class Monitor:
         # 2. evidence: the Lighthouse after the ranks (a real rank is never ahead of it)
         self._read_lighthouse()
         now = self.clock()
-        self._torch_only(polls, now)
+        if (found := self.torch_ranks.sweep(polls, self.lighthouse_status, now)) is not None:
+            self.discovery.set_torch(found)  # next sweep's targets
         view = self.views.update(  # verdicts judged again only where claims or status changed
             targets, polls, now=now, polled=None if plan.everything else set(plan.urls),
             judge=lambda ranks, changed: self.verifier.judge(
@@ -254,8 +234,9 @@ class Monitor:
                 self.lighthouse_reader is not None, now))
         evidence = view.evidence()
         self.polling.after_view(view)
-        self._keep_unreachable(view)
-        ended = self._forget_unreachable(view, now)
+        lighthouse = None if self.lighthouse_error else self.lighthouse_status  # a good read
+        self.unreachable.keep(view, self.detectors.liveness.down_at)
+        ended = self.unreachable.forget(view, now, lighthouse)
         if self.shard is None:  # a shard sees its own slice: another one may list the other URL
             self.discovery.fold_same_process(view.ranks, now)  # a listed rank registered too
         else:  # a store's URL and a registered one: one group, so one slice
@@ -263,7 +244,6 @@ class Monitor:
         if self.views.reshaped:  # a new process, replica id or quorum: its torchft may differ
             self._say_torchft(view)
         # 3. detect
-        lighthouse = None if self.lighthouse_error else self.lighthouse_status  # a good read
         dumps = self.polling.fr_dumps(evidence, now)
         new = self.detectors.update(
             evidence, dumps, now, full_view=view, evicted=self.store.told_to_go_replica_ids(),
@@ -271,7 +251,7 @@ class Monitor:
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
         new += self.detectors.network(evidence, self.probes.take(), now, blind)
-        self._torch_stacks(new)
+        add_stacks(new, self.polling.torch.stacks)
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
         new = self.enforcer.record(new, now)
@@ -325,63 +305,6 @@ class Monitor:
         self.enforcer.fetch_bundles = self.shard is None or self.shard.holds is not False
         self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
 
-    def _forget_unreachable(self, view: ClusterView, now: float) -> int:
-        """Drop self-registered ranks gone for --forget-after (those that said they ended at
-        once). One gone unsaid counts lost while others answer, or, when none does, if no rank
-        said the job ended and the Lighthouse no longer hears it. Returns how many ended."""
-        unreachable = self.views.unreachable_since()
-        ended = [u for u in unreachable if (rv := view.ranks.get(u)) is not None and rv.ended]
-        self.discovery.answered_other_job(  # not scraped under this job's label
-            {u: job for u in unreachable if (job := answers_other_job(view.ranks.get(u)))})
-        forgotten = self.discovery.forget_unreachable(unreachable, now, ended)
-        others_up = bool(forgotten) and any(rv.reachable for rv in view.ranks.values())
-        if any(url in ended or (view.ranks[url].state or {}).get("phase") == "stopped"
-               for url in forgotten if url in view.ranks):
-            self._end_said_at = now
-        told = self.store.told_to_go_replica_ids() if forgotten else set()
-        answering: set | None = None  # the replica groups a reachable rank answers for
-        for url in forgotten:
-            rv = view.ranks.get(url)
-            stopped = rv is not None and (rv.state or {}).get("phase") == "stopped"
-            # read in this monitor's life: a restored rank of a job that ended meanwhile is not
-            read = rv is not None and rv.state is not None
-            job_end_said = self._end_said_at is not None and self._end_said_at \
-                >= unreachable.get(url, now) - END_SAID_SLACK_S
-            # re-adopted from --sd-out and never read: stopped while no monitor polled it (a
-            # drain takes the monitor's pod too), so unsaid; lost only if its group is not back
-            if not read and answering is None:  # once per sweep: every rank of a large job
-                answering = {o.replica_group for o in view.ranks.values() if o.reachable}
-            back = not read and rv is not None and rv.replica_group is not None \
-                and rv.replica_group in answering
-            # a replica this monitor evicted went because it was told to: not lost
-            evicted = rv is not None and bool(rv.replica_id) and rv.replica_id in told
-            lost = not stopped and not back and not evicted and (others_up or (
-                read and not job_end_said and self._lighthouse_lost(rv)))
-            if url in ended:
-                by = (rv.state or {}).get("stopped_by")
-                log.info("forgot %s: %s", url, f"stopped by {by}" if by else
-                         "its training finished")
-            else:
-                why = ""
-                if back:
-                    why = " (re-adopted, never answered this run; its group answers again)"
-                elif evicted:
-                    why = " (its replica was evicted)"
-                elif lost:
-                    why = " (lost while the job goes on)" if others_up else \
-                        " (lost: no rank answers, none said the job ended)"
-                log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s, why)
-            if lost:
-                self.metrics.ranks_lost.labels(self.cfg.job).inc()
-        return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts
-
-    def _lighthouse_lost(self, rv) -> bool:
-        """The Lighthouse, read now, no longer hears this rank's replica: the job is gone, not
-        just the monitor cut off from its ranks. Without a Lighthouse nobody can tell: False."""
-        status = self.lighthouse_status
-        return status is not None and not self.lighthouse_error and bool(rv.replica_id) \
-            and not status.heartbeating(rv.replica_id)
-
     def _say_torchft(self, view: ClusterView) -> None:
         """Once per set of versions: the job's groups run different torchfts."""
         versions = views.torchft_versions(view)
@@ -393,31 +316,6 @@ class Monitor:
                         "; ".join(f"{v}: groups {gs}" for v, gs in versions.items()))
         self._torchft_said = said
 
-    def _keep_unreachable(self, view: ClusterView) -> None:
-        """Keep in the store the last state of ranks that stop answering (a restarted monitor
-        still finds them dead), dropped once they answer or are no target; a failed write (a
-        full disk) is tried again next sweep. Kept again once the last sweep marked one down
-        (its Manager's commits then: a restarted monitor tells one that lived from a death)."""
-        kept, keep = self._kept_unreachable, self._unkept
-        # no target any more, or answering again
-        gone = [u for u in kept if (rv := view.ranks.get(u)) is None or rv.reachable]
-        keep.update(u for u in self.views.reshaped if not view.ranks[u].reachable)
-        if gone:
-            self.store.drop_unreachable(gone)
-            for u in gone:
-                del kept[u]
-        marks = self.detectors.liveness.down_at
-        keep.update(u for u, m in marks.items() if u in kept and kept[u] != m and type(m) is int)
-        rows = [(url, rv.unreachable_since, last_known(rv.state, marks.get(url)),
-                 rv.trust.to_dict() if rv.trust else None) for url in keep
-                if (rv := view.ranks.get(url)) is not None and not rv.reachable
-                and rv.state is not None and not rv.superseded
-                and (url not in kept or type(m := marks.get(url)) is int and kept[url] != m)]
-        if rows:
-            self.store.keep_unreachable(rows)
-            kept.update((row[0], row[2].get(DOWN_AT)) for row in rows)
-        keep.clear()
-
     def _targets(self) -> list[Target]:
         """A sweep's targets: discovery's, then this shard's slice."""
         self._targets_file.update(self.discovery.refresh(), self.clock())
@@ -425,29 +323,6 @@ class Monitor:
         if self.shard is not None:
             targets = self.shard.own_targets(targets, self.polling.poller, self.clock(), version)
         return targets
-
-    def _torch_only(self, polls: dict, now: float) -> None:
-        """Ranks on torch's debug server: the groups' stores read for new ones (next sweep's
-        targets), this sweep's answers made rank states."""
-        st = self.lighthouse_status
-        if self.torch_stores is not None and st is not None:
-            found = self.torch_stores.read(
-                [(m.replica_id, m.store, m.world_size) for m in st.members.values()], now,
-                failed=[u for u, p in polls.items() if not p.ok])
-            self.discovery.set_torch({u: (i.replica_group, i.rank) for u, i in found.items()})
-        # their enqueue times are on their wall clocks: judged by this host's, not self.clock
-        self.torch_ranks.adapt(polls, self.torch_stores.identities()
-                               if self.torch_stores is not None else {}, st, time.time())
-
-    def _torch_stacks(self, new: list) -> None:
-        """A new finding's culprits on torch's debug server: their stacks read now, into its
-        evidence (an eviction ends the process, and its stacks with it)."""
-        culprits = [c for f in new for c in f.evidence.get("culprits") or []
-                    if is_torch(c.get("url") or "") and (c.get("stacks") or "").startswith("http")]
-        if culprits:
-            got = self.polling.torch.stacks(c["stacks"] for c in culprits)
-            for c in culprits:
-                c["stacks_text"] = got[c["stacks"]]
 
     def _read_lighthouse(self) -> None:
         """Read the Lighthouse's status; unreadable, warned (Trouble)."""
@@ -470,45 +345,8 @@ class Monitor:
     # --- the API's calls (monitor/api/app.py)
     def register_target(self, body: Any, authorization: str | None,
                         client: str | None = None) -> Target:
-        """``POST /v1/targets``: with a token configured it must carry one, else the target must
-        be in ``--allow-targets``. Raises one of REFUSALS' exceptions (nothing added), logged
-        with ``client``, the caller's address."""
-        admit = self.allow_list.admit
-        try:
-            if self.cfg.token or self.cfg.register_token:
-                if not registration_authorized(authorization, self.cfg.register_token,
-                                               self.cfg.token):
-                    raise Unauthorized("missing or wrong bearer token")
-                admit = resolvable
-            target = self.discovery.register(body, admit=admit, now=self.clock())
-        except tuple(REFUSALS) as e:
-            outcome = REFUSALS[type(e)]
-            self.metrics.registrations.labels(self.cfg.job, outcome).inc()
-            url = redact_entry(str(body.get("url")))[:200] if isinstance(body, dict) else None
-            # an unauthorized one's URL is only the caller's claim: said once a window for
-            # each address it comes from (a rank with a stale token, a scanner)
-            key = (outcome, client) if isinstance(e, Unauthorized) else (url, outcome, str(e))
-            if not isinstance(e, OtherJob):  # (said by Discovery)
-                self._say_refused(key, "registration of %s%s refused (%s): %s", url,
-                                  f" from {client}" if client else "", outcome, e)
-            raise
-        self.metrics.registrations.labels(self.cfg.job, "accepted").inc()
-        return target
-
-    def _say_refused(self, key: tuple, *line: Any) -> None:
-        """Says ``line`` once a REFUSAL_EVERY_S window per ``key``, REFUSALS_SAID keys at most."""
-        window = int(self.clock() // REFUSAL_EVERY_S)
-        if window != self._refused_in:  # a new window: each refusal said again
-            self._refused, self._refused_in = set(), window
-        if key in self._refused or len(self._refused) > REFUSALS_SAID:
-            return
-        self._refused.add(key)
-        if len(self._refused) <= REFUSALS_SAID:
-            log.info(*line)
-            return
-        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime((window + 1) * REFUSAL_EVERY_S))
-        log.warning("%d refused registrations logged within %d minutes: further refusals not "
-                    "logged until %s", REFUSALS_SAID, REFUSAL_EVERY_S // 60, until)
+        """``POST /v1/targets`` (:class:`monitor.poll.admission.Registrations`)."""
+        return self.registrations.register(body, authorization, client)
 
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]:
         """``POST /v1/evict`` of the replica id the group's verified ranks report; on a shard,
@@ -530,44 +368,6 @@ class Monitor:
 
     def cluster_json(self, ranks: bool = True, view: ClusterView | None = None) -> dict[str, Any]:
         view = view or self.view
-        return views.cluster_json(self.cluster_head(view), view,
+        return views.cluster_json(views.cluster_head(self, view), view,
                                   view.evidence() if view else None, self.detectors,
                                   self.clock(), ranks)
-
-    def cluster_head(self, view: ClusterView | None) -> dict[str, Any]:
-        """``/v1/cluster``'s own fields: what may change between sweeps."""
-        return {"job": self.cfg.job, "lighthouse": redact_url(self.cfg.lighthouse),
-                "dry_run": self.cfg.rails.dry_run, "sweeps": self.sweeps,
-                "monitor_started_at": self.started_at,
-                "last_error": self.last_sweep_error or self.detectors.last_error,
-                "targets_file_error": self.discovery.file_error,
-                "verification": views.verification_json(
-                    view, self.lighthouse_status, self.lighthouse_error,
-                    self.blind_reason()),
-                "lighthouse_settings": self.lh_settings.to_dict(),
-                "network_probes": self.probes.to_json(),
-                "torch_only": {"store_discovery": self.cfg.torch_stores,
-                               "store_error": self.torch_stores.error
-                               if self.torch_stores is not None else None,
-                               "cannot_show": list(CANNOT_SHOW)},
-                "shard": self.shard.to_json() if self.shard else None}
-
-    def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
-        """The ledger; each incident with ``bundles``: the incident bundles of its findings and
-        eviction (docs/monitor.md, Incident bundles)."""
-        store = self.bundles.store
-        return views.goodput_with_bundles(self.goodput.to_json(incidents, intervals),
-                                          store.by_link() if store is not None else {})
-
-    def incidents_json(self, limit: int = 100, goodput: bool = True) -> dict[str, Any]:
-        """``GET /v1/incidents``: the incident bundles kept, newest first, each with its
-        download path and (``goodput``) the goodput incident it belongs to."""
-        store = self.bundles.store
-        rows = store.list(limit) if store is not None else []
-        ledger = self.goodput.to_json(incidents=10_000, intervals=0) if goodput and rows else {}
-        return views.incidents_json(rows, ledger, store, self.cfg.bundles)
-
-    def bundle_path(self, bundle_id: str) -> str | None:
-        store = self.bundles.store
-        return store.path(bundle_id) if store is not None else None
-

@@ -113,7 +113,7 @@ def test_a_refused_registration_is_said_once_per_address_and_reason(tmp_path, ca
     now = [1000.0]
     mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "state.sqlite")),
                   clock=lambda: now[0])
-    caplog.set_level(logging.INFO, logger="monitor.service")
+    caplog.set_level(logging.INFO, logger="monitor.poll.admission")
 
     def refused(url: str) -> list[str]:
         with pytest.raises(BadTarget):

@@ -3,6 +3,7 @@ more (each test says which)."""
 
 from __future__ import annotations
 
+from monitor.api.views import goodput_json
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from tests.support.monitor_sim import SimJob
@@ -130,7 +131,7 @@ def test_survivors_held_by_a_group_just_evicted_are_no_job_stall(tmp_path):
         d.sweeps(8, steps=0)
         assert d.open_kinds() == []
         # the goodput ledger: the eviction's one incident, no job-wide one beside it
-        assert [i["kind"] for i in mon.goodput_json()["incidents"]] == ["manual"]
+        assert [i["kind"] for i in goodput_json(mon)["incidents"]] == ["manual"]
     finally:
         if mon is not None:
             mon.stop()

@@ -584,10 +584,10 @@ def test_manual_eviction_bundle_listed_downloadable_and_linked(tmp_path, job):
             resp = requests.get(f"{mon.url}/v1/incidents/{bad}/bundle", timeout=5)
             assert resp.status_code == 404, bad
         assert f'href="/v1/incidents/{bid}/bundle"' in requests.get(mon.url + "/", timeout=5).text
-        real = mon.bundle_path  # pruned between its lookup and its download: 404, not 500
-        mon.bundle_path = lambda _id: str(tmp_path / "pruned.tar.gz")
+        store = mon.bundles.store  # pruned between its lookup and its download: 404, not 500
+        store.path = lambda _id: str(tmp_path / "pruned.tar.gz")
         assert requests.get(mon.url + row["download"], timeout=5).status_code == 404
-        mon.bundle_path = real
+        del store.path
         # the goodput ledger's incident of this eviction names its bundle, and the other way
         [inc] = wait_until(lambda: [i for i in requests.get(mon.url + "/v1/goodput", timeout=5)
                                     .json()["incidents"] if i["eviction_id"] == d["id"]], 10,

@@ -141,8 +141,8 @@ def test_decisions_in_the_time_range_are_whole_off_the_scrape_grid(tmp_path):
 
 
 def test_panel_texts_name_every_poll_error_reason_and_registration_outcome():
+    from monitor.poll.admission import REFUSALS
     from monitor.poll.poller import REASONS
-    from monitor.service import REFUSALS
 
     panels = {p["title"]: p["description"] for d in build_dashboards().values()
               for p in d["panels"] if "description" in p}

@@ -129,7 +129,7 @@ def test_a_sweep_whose_publishing_fails_is_not_counted():
 
 
 def test_registrations_help_names_every_outcome():
-    from monitor.service import REFUSALS
+    from monitor.poll.admission import REFUSALS
 
     (fam,) = [f for f in text_string_to_metric_families(
         generate_latest(MonitorMetrics("train").registry).decode())

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from monitor.api.views import goodput_json
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
@@ -844,7 +845,7 @@ def test_a_group_found_dead_during_a_job_stall_takes_over_its_incident(driver):
     d.until(lambda: "dead" in d.open_kinds(), "a dead finding", steps=0, pause=0.1, sweeps=100)
     [dead] = [f for f in d.mon.detectors.open_findings() if f.kind == "dead"]
     assert dead.evidence["job_findings"] == ["job_stall"] and not d.mon.detectors.job_findings()
-    incs = d.mon.goodput_json()["incidents"]
+    incs = goodput_json(d.mon)["incidents"]
     assert [(i["kind"], i["replica_group"], i["onset_source"]) for i in incs] == [
         ("dead", 3, "job_wide")]
     assert incs[0]["onset_at"] == pytest.approx(stall.first_seen, abs=1e-6)

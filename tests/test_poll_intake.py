@@ -1,5 +1,5 @@
-"""What the monitor takes in as a target (monitor/poll/discovery.py, admission.py,
-monitor/service.py's register_target): refusals logged within bounds (an unauthorized one by its
+"""What the monitor takes in as a target (monitor/poll/discovery.py, admission.py's
+Registrations): refusals logged within bounds (an unauthorized one by its
 caller's address), https refused up front (a file's other entries kept), another job's rank never
 counted as this job's (and said), a rank restarted under --job watched, a dual-stack name polled
 at its IPv4 address."""
@@ -18,9 +18,15 @@ import requests
 from http_serving import BackgroundWSGIServer
 from monitor.api.app import create_app
 from monitor.config import BundleConfig, ConfigError, MonitorConfig
-from monitor.poll.admission import AllowList, NotAllowed, Unauthorized
+from monitor.poll.admission import (
+    REFUSAL_EVERY_S,
+    REFUSALS_SAID,
+    AllowList,
+    NotAllowed,
+    Unauthorized,
+)
 from monitor.poll.discovery import BadTarget, Discovery
-from monitor.service import REFUSAL_EVERY_S, REFUSALS_SAID, Monitor
+from monitor.service import Monitor
 from monitor.startup import check_config
 from tests.support.monitor_sim import SimRanks
 
@@ -49,7 +55,7 @@ def monitor(tmp_path, clock=None, **kw) -> Monitor:
 
 def refusal_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "monitor.service" and "refus" in r.getMessage()]
+            if r.name == "monitor.poll.admission" and "refus" in r.getMessage()]
 
 
 # --- the refusal log: bounded whatever the callers send -----------------------------------
@@ -60,7 +66,7 @@ def test_refusals_of_new_urls_each_time_are_logged_within_a_bound(tmp_path, capl
     mon = monitor(tmp_path, clock)
     n = 10 * REFUSALS_SAID
     try:
-        with caplog.at_level(logging.INFO, logger="monitor.service"):
+        with caplog.at_level(logging.INFO, logger="monitor.poll.admission"):
             for i in range(n):  # outside --allow-targets (IP literals: no DNS asked)
                 with pytest.raises(NotAllowed):
                     mon.register_target({"url": f"10.{i >> 8 & 255}.{i & 255}.1:80"}, None)
@@ -83,7 +89,7 @@ def test_refusals_of_new_urls_each_time_are_logged_within_a_bound(tmp_path, capl
 def test_unauthorized_registrations_are_said_once_whatever_url_they_claim(tmp_path, caplog):
     mon = monitor(tmp_path, FakeClock(), token=TOKEN)
     try:
-        with caplog.at_level(logging.INFO, logger="monitor.service"):
+        with caplog.at_level(logging.INFO, logger="monitor.poll.admission"):
             for i in range(50):
                 with pytest.raises(Unauthorized):
                     mon.register_target({"url": f"10.0.{i}.1:80"}, "Bearer wrong")
@@ -298,7 +304,7 @@ def test_unauthorized_registrations_are_said_once_for_each_address_they_come_fro
     mon = monitor(tmp_path, FakeClock(), token=TOKEN)
     c = create_app(mon).test_client()
     try:
-        with caplog.at_level(logging.INFO, logger="monitor.service"):
+        with caplog.at_level(logging.INFO, logger="monitor.poll.admission"):
             for i in range(20):  # a flood from one address
                 r = c.post("/v1/targets", json={"url": f"http://10.0.{i}.1:80"},
                            headers={"Authorization": "Bearer stale"},

@@ -21,6 +21,7 @@ import pytest
 
 import monitor.service
 import monitor.shard
+from monitor.api.views import incidents_json
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.lease import Etcd, EtcdError, SessionLease
@@ -291,7 +292,7 @@ def test_a_holder_whose_lease_may_have_lapsed_still_bundles_a_confirmed_hang(tmp
 
         def bundled() -> list:
             return [(b["trigger"], b["kind"], b["replica_group"])
-                    for b in mon.incidents_json()["bundles"] if b["finding_id"] == hang["id"]]
+                    for b in incidents_json(mon)["bundles"] if b["finding_id"] == hang["id"]]
         _until(bundled, "the hang's confirmation bundle")
         assert bundled() == [("confirm", "hang", 3)]
         assert mon.cluster_json()["shard"]["acting"] is False  # still lapsed: it bundled anyway
@@ -402,7 +403,7 @@ def test_a_holder_proposing_evictions_for_longer_than_its_lease_keeps_it(tmp_pat
         assert proposed() == {f"replica_group_{g}:sim": mon.shard.run for g in (1, 2, 3)}
         report = etcd.get(f"{ROOT}shards/0")
         assert report is not None and report.json()["run"] == mon.shard.run
-        assert len(mon.incidents_json()["bundles"]) == 3  # kept before each proposal
+        assert len(incidents_json(mon)["bundles"]) == 3  # kept before each proposal
     finally:
         etcd.close()
         mon.stop()

@@ -165,7 +165,7 @@ def create_app(monitor: Any) -> Flask:
         """The groups' rows encoded once per sweep, as the overview's table; the monitor's own
         fields as of the request."""
         view = monitor.view
-        head = app.json.dumps(monitor.cluster_head(view), separators=(",", ":")).encode()
+        head = app.json.dumps(views.cluster_head(monitor, view), separators=(",", ":")).encode()
         body, crc = per_sweep(view, "cluster_body", lambda: encoded(views.cluster_json(
             {}, view, view.evidence() if view else None, monitor.detectors, monitor.clock())))
         return answer(head[:-1] + b"," + body[1:], f"{zlib.crc32(head):08x}{crc:08x}")
@@ -192,18 +192,19 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/v1/goodput")
     def goodput():
-        return jsonify(monitor.goodput_json(incidents=_limit("incidents", 50, 0),
-                                            intervals=_limit("intervals", 200, 0)))
+        return jsonify(views.goodput_json(monitor, incidents=_limit("incidents", 50, 0),
+                                          intervals=_limit("intervals", 200, 0)))
 
     @app.get("/v1/incidents")
     def incidents():
-        return jsonify(monitor.incidents_json(limit=_limit("limit", 100)))
+        return jsonify(views.incidents_json(monitor, limit=_limit("limit", 100)))
 
     @app.get("/v1/incidents/<bundle_id>/bundle")
     def incident_bundle(bundle_id: str):
         """The bundle's ``.tar.gz``; 404 for an id the audit log does not list (the id is
         looked up, never joined to a path)."""
-        path = monitor.bundle_path(bundle_id)
+        store = monitor.bundles.store
+        path = store.path(bundle_id) if store is not None else None
         try:  # opened here: a bundle pruned from now on is still read whole
             f = open(path, "rb") if path is not None else None
         except FileNotFoundError:  # pruned since it was looked up
@@ -280,7 +281,7 @@ def create_app(monitor: Any) -> Flask:
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
                                hosts=monitor.enforcer.hosts_json(),
-                               bundles=monitor.incidents_json(limit=10, goodput=False)["bundles"],
+                               bundles=views.incidents_json(monitor, 10, False)["bundles"],
                                interval=monitor.cfg.interval_s,
                                fmt_time=lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                                 time.gmtime(t)) if t else "")

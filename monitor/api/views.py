@@ -7,9 +7,10 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
-from monitor.config import BundleConfig
+from http_serving import redact_url
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.evidence.torch_rank import CANNOT_SHOW
 from monitor.evidence.view import ClusterView
 
 UNGROUPED = ("url", "reachable", "reason", "error", "unreachable_sweeps", "verification")
@@ -100,10 +101,31 @@ def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: Clust
     return out
 
 
-def goodput_with_bundles(ledger: dict[str, Any],
-                         links: dict[tuple[str, int], list[str]]) -> dict[str, Any]:
-    """``/v1/goodput``: each incident gains ``bundles``, those of its findings and eviction
-    (``links``: (``finding``/``decision``, id) -> bundle ids)."""
+def cluster_head(monitor: Any, view: ClusterView | None) -> dict[str, Any]:
+    """``/v1/cluster``'s own fields (``monitor``: a monitor.service.Monitor): what may change
+    between sweeps."""
+    cfg, stores = monitor.cfg, monitor.torch_ranks.stores
+    return {"job": cfg.job, "lighthouse": redact_url(cfg.lighthouse),
+            "dry_run": cfg.rails.dry_run, "sweeps": monitor.sweeps,
+            "monitor_started_at": monitor.started_at,
+            "last_error": monitor.last_sweep_error or monitor.detectors.last_error,
+            "targets_file_error": monitor.discovery.file_error,
+            "verification": verification_json(view, monitor.lighthouse_status,
+                                              monitor.lighthouse_error, monitor.blind_reason()),
+            "lighthouse_settings": monitor.lh_settings.to_dict(),
+            "network_probes": monitor.probes.to_json(),
+            "torch_only": {"store_discovery": cfg.torch_stores,
+                           "store_error": stores.error if stores is not None else None,
+                           "cannot_show": list(CANNOT_SHOW)},
+            "shard": monitor.shard.to_json() if monitor.shard else None}
+
+
+def goodput_json(monitor: Any, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
+    """``GET /v1/goodput``: the ledger; each incident with ``bundles``: the incident bundles of
+    its findings and eviction (docs/monitor.md, Incident bundles)."""
+    store = monitor.bundles.store
+    ledger = monitor.goodput.to_json(incidents, intervals)
+    links = store.by_link() if store is not None else {}  # (finding/decision, id) -> bundles
     for inc in ledger.get("incidents") or []:
         ids = [b for fid in inc.get("finding_ids") or [] for b in links.get(("finding", fid), [])]
         if inc.get("eviction_id") is not None:
@@ -112,10 +134,12 @@ def goodput_with_bundles(ledger: dict[str, Any],
     return ledger
 
 
-def incidents_json(rows: list[dict[str, Any]], ledger: dict[str, Any], store: Any,
-                   policy: BundleConfig) -> dict[str, Any]:
-    """``GET /v1/incidents``: the bundles' rows, each with its download path and the goodput
-    incident (of ``ledger``) whose eviction or finding it kept."""
+def incidents_json(monitor: Any, limit: int = 100, goodput: bool = True) -> dict[str, Any]:
+    """``GET /v1/incidents``: the incident bundles kept, newest first, each with its download
+    path and (``goodput``) the goodput incident whose eviction or finding it kept."""
+    store = monitor.bundles.store
+    rows = store.list(limit) if store is not None else []
+    ledger = monitor.goodput.to_json(incidents=10_000, intervals=0) if goodput and rows else {}
     owner: dict[tuple[str, int], int] = {}
     for inc in ledger.get("incidents") or []:
         for fid in inc.get("finding_ids") or []:
@@ -128,5 +152,6 @@ def incidents_json(rows: list[dict[str, Any]], ledger: dict[str, Any], store: An
             or owner.get(("finding", r["finding_id"]))
     return {"enabled": store is not None, "dir": store.dir if store is not None else None,
             "error": store.error if store is not None else None,
-            "policy": {k: v for k, v in asdict(policy).items() if k not in ("enabled", "dir")},
+            "policy": {k: v for k, v in asdict(monitor.cfg.bundles).items()
+                       if k not in ("enabled", "dir")},
             "bundles": rows}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import logging
 import re
 import socket
 import threading
@@ -14,9 +15,15 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
-from http_serving import bearer_token_matches
+from http_serving import bearer_token_matches, redact_entry
+
+from ..config import MonitorConfig
+from .discovery import BadTarget, Discovery, OtherJob, Target, TooManyTargets
+
+log = logging.getLogger(__name__)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -27,6 +34,10 @@ FAILED_LOOKUP_CACHE_S = 5.0  # an allow-list name that did not resolve (a slow r
 DEFAULT_NETWORKS = ("127.0.0.0/8", "::1/128")
 _HOST_RE = re.compile(r"^[A-Za-z0-9*?\[\]_.-]+$")
 _WILDCARDS = set("*?[")
+REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said once a window this long
+# refusals said a window: anyone reaching the API may send a new URL each time, and neither the
+# set of those said nor the log may grow with them (then one line says the rest go unsaid)
+REFUSALS_SAID = 1000
 
 
 class NotAllowed(Exception):
@@ -219,3 +230,60 @@ class AllowList:
         addr = min(addrs, key=lambda a: (a.version, a))
         netloc = f"[{addr}]" if addr.version == 6 else str(addr)
         return f"{parts.scheme}://{netloc}:{parts.port}{parts.path}"  # a proxy's prefix too
+
+
+REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
+            TooManyTargets: "too_many_targets", OtherJob: "other_job",
+            ResolverBusy: "resolver_busy"}
+
+
+class Registrations:
+    """``POST /v1/targets``: with a token configured it must carry one, else the target must be
+    in ``--allow-targets``. Each outcome is counted (``counter``: by job and outcome)."""
+
+    def __init__(self, discovery: Discovery, allow_list: AllowList, cfg: MonitorConfig,
+                 counter: Any, clock: Callable[[], float]) -> None:
+        self.discovery, self.allow_list, self.cfg, self.counter, self.clock = \
+            discovery, allow_list, cfg, counter, clock
+        self._said: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
+        self._window = 0
+
+    def register(self, body: Any, authorization: str | None, client: str | None) -> Target:
+        """Raises one of REFUSALS' exceptions (nothing added), logged with ``client``, the
+        caller's address."""
+        admit = self.allow_list.admit
+        try:
+            if self.cfg.token or self.cfg.register_token:
+                if not registration_authorized(authorization, self.cfg.register_token,
+                                               self.cfg.token):
+                    raise Unauthorized("missing or wrong bearer token")
+                admit = resolvable
+            target = self.discovery.register(body, admit=admit, now=self.clock())
+        except tuple(REFUSALS) as e:
+            outcome = REFUSALS[type(e)]
+            self.counter.labels(self.cfg.job, outcome).inc()
+            url = redact_entry(str(body.get("url")))[:200] if isinstance(body, dict) else None
+            # an unauthorized one's URL is only the caller's claim: said once a window for
+            # each address it comes from (a rank with a stale token, a scanner)
+            key = (outcome, client) if isinstance(e, Unauthorized) else (url, outcome, str(e))
+            if not isinstance(e, OtherJob):  # (said by Discovery)
+                self._say(key, "registration of %s%s refused (%s): %s", url,
+                          f" from {client}" if client else "", outcome, e)
+            raise
+        self.counter.labels(self.cfg.job, "accepted").inc()
+        return target
+
+    def _say(self, key: tuple, *line: Any) -> None:
+        """Says ``line`` once a REFUSAL_EVERY_S window per ``key``, REFUSALS_SAID keys at most."""
+        window = int(self.clock() // REFUSAL_EVERY_S)
+        if window != self._window:  # a new window: each refusal said again
+            self._said, self._window = set(), window
+        if key in self._said or len(self._said) > REFUSALS_SAID:
+            return
+        self._said.add(key)
+        if len(self._said) <= REFUSALS_SAID:
+            log.info(*line)
+            return
+        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime((window + 1) * REFUSAL_EVERY_S))
+        log.warning("%d refused registrations logged within %d minutes: further refusals not "
+                    "logged until %s", REFUSALS_SAID, REFUSAL_EVERY_S // 60, until)
