@@ -22,14 +22,6 @@ BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
 SUSPECT = "finding or straggler candidate"  # the drill reason of the monitor's suspect groups
 
 
-def _wait(state: dict) -> tuple[str | None, float | None]:
-    """current_wait(state), sooner for the usual answer: not waiting."""
-    timing = state.get("timing")
-    if type(timing) is dict and timing.get("waiting") is None:
-        return None, None
-    return current_wait(state)
-
-
 @dataclass
 class Plan:
     """One sweep's plan: the URLs to poll, and why groups are drilled (group -> reason)."""
@@ -145,7 +137,7 @@ class LeaderSchedule:
             st = p.data
             if type(st) is not dict:
                 continue
-            scope, secs = _wait(st)
+            scope, secs = current_wait(st)
             if scope != "group" or (secs or 0.0) < suspect() or st.get("replica_group") != g:
                 continue
             gv = view.groups.get(g)
@@ -224,7 +216,7 @@ class LeaderSchedule:
                 continue
             st = lead.state
             try:
-                scope, secs = _wait(st)
+                scope, secs = current_wait(st)
                 step = int(st["step"])
             except (TypeError, ValueError, KeyError, AttributeError):
                 out.setdefault(g, "leader state unreadable")

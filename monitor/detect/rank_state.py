@@ -17,6 +17,10 @@ HELD_PHASES = ("checkpoint", "busy")
 
 def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:
     """(scope, seconds) of the wait the rank is blocked in now; (None, None) if none."""
+    if type(state) is dict:
+        timing = state.get("timing")
+        if type(timing) is dict and timing.get("waiting") is None:
+            return None, None  # most answers, told without the Mapping checks
     timing = state.get("timing") if isinstance(state, Mapping) else None
     w = timing.get("waiting") if isinstance(timing, Mapping) else None
     if not isinstance(w, Mapping):
@@ -31,10 +35,6 @@ def collective_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float]
     """("group" or "cross", seconds) the rank has been blocked inside a collective (not a
     quorum), from its ``timing.waiting``, or (None, 0.0): every rank state (torch-only ones
     too, monitor.evidence.torch_rank) carries its own wait."""
-    if type(state) is dict:
-        timing = state.get("timing")
-        if type(timing) is dict and timing.get("waiting") is None:
-            return None, 0.0  # most answers, told without the Mapping checks
     scope, secs = current_wait(state)
     if scope == "group" or (scope == "cross" and state.get("phase") == "allreduce"):
         return scope, secs
