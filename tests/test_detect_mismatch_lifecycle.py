@@ -110,8 +110,8 @@ def test_a_mismatch_whose_peers_crashed_on_it_stays_open_while_the_culprit_train
     with empty recorders while the culprit trains on: their silence is no sign it is over."""
     job, det, looks = mismatched(fr_interval_s=2.0)
     healthy_recorders(job)
-    for r in (0, 2):  # restarted by their supervisor
-        job.states[r].update(pid=job.states[r]["pid"] + 100, started_at=T0 + 2)
+    for r in (0, 2):  # restarted by their supervisor, crashing again before any commit
+        job.states[r].update(pid=job.states[r]["pid"] + 100, started_at=T0 + 2, commits=0)
     now = T0 + 1
     while looks[0] < 3 and now < T0 + 30:
         now += 1.0
@@ -119,3 +119,13 @@ def test_a_mismatch_whose_peers_crashed_on_it_stays_open_while_the_culprit_train
         sweep(det, job, now)
     assert looks[0] >= 3
     assert open_kinds(det) == [("mismatch", 1)] and det.resolved_findings() == []
+    # once a restarted peer trains beside the culprit, its agreeing record says it is over
+    job.states[0]["commits"] = 5
+    for _ in range(30):
+        now += 1.0
+        job.steps(3, now=now)
+        sweep(det, job, now)
+        if not det.open_findings():
+            break
+    assert open_kinds(det) == []
+    assert det.resolved_findings()[-1].resolution == "no_longer_seen"

@@ -168,9 +168,11 @@ def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | Non
             if not r.fresh or not r.reachable or r.state is None:
                 continue
             # a member of the quorum not taking part in it heals into it: the others wait for
-            # its recovery, or its own hang (a replacement's first step), never the network
+            # its recovery, or its own hang (a replacement's first step), never the network;
+            # one blocked in their collective (healed, or a spare) waits like them
             if members is not None and r.state.get("quorum_id") == view.quorum_id \
-                    and not r.state.get("participating", True):
+                    and not r.state.get("participating", True) \
+                    and collective_wait(r.state)[0] != "cross":
                 return True
             scope, waited = current_wait(r.state)
             # a process only now asking for its quorum (a crash loop) is not what the others

@@ -73,8 +73,8 @@ def _participants(raw: Mapping[str, Any]) -> set[int]:
 
 
 def _incarnations(view: ClusterView, ranks: set[int]) -> dict[str, list]:
-    """rank -> [pid, started_at] of the process that took part: only the same one can say later
-    that the mismatch is gone (a peer that crashed on it comes back with an empty recorder)."""
+    """rank -> [pid, started_at] of the process that took part: a peer that crashed on it comes
+    back with an empty recorder, no witness until it has trained beside the culprit."""
     return {str(r): [rv.state.get("pid"), rv.state.get("started_at")] for r in sorted(ranks)
             if (rv := view.rank_view(r)) is not None and rv.state}
 
@@ -86,7 +86,7 @@ def _no_longer_seen(view: ClusterView, dumps: Mapping[int, dict],
     of the group's reachable ranks and culprits and one of another participant still answering,
     the same process that took part (both sides), no mismatch names the group, and the group
     committed a step since it was last seen (peers that crashed on it and came back empty would
-    show nothing: the finding then stays open until the culprit's incarnation ends)."""
+    show nothing: a restarted one counts once it has committed a step beside the culprit)."""
     def read(r: int, whole: bool) -> bool:
         d = dumps.get(r)
         f = d.get("filter") if isinstance(d, dict) else None
@@ -104,13 +104,13 @@ def _no_longer_seen(view: ClusterView, dumps: Mapping[int, dict],
         # a leader's dump holds torchft's process group only: enough for a cross-group one
         whole = f.evidence.get("level") != "cross_group"
         named = _participants(f.evidence.get("analysis") or {}) - own
-        took_part = f.evidence.get("witnesses")
+        took_part = f.evidence.get("witnesses") or {}
+        # a witness: the process that took part, or one that has committed steps since (it
+        # trained beside the culprit); a peer the fault restarts and crashes again commits none
         others = {r for r in named if (rv := view.rank_view(r)) is not None and rv.reachable
-                  and (took_part is None  # a finding restored from before witnesses were kept
-                       or took_part.get(str(r)) == [rv.state.get("pid"),
-                                                    rv.state.get("started_at")])}
-        if (others or took_part is not None and named) and not any(
-                read(r, whole) for r in others):
+                  and (took_part.get(str(r)) == [rv.state.get("pid"), rv.state.get("started_at")]
+                       or (rv.state.get("commits") or 0) > 0)}
+        if named and not any(read(r, whole) for r in others):
             continue
         findings.resolve(key, "no_longer_seen", now)
 
