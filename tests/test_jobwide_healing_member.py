@@ -4,10 +4,14 @@ evicted, hangs in its first step; its ranks report the quorum but do not take pa
 (``participating`` false), so the groups taking part wait for it in the cross-group all_reduce.
 That is recovery or the replacement's own fault, never a job-wide network stall; with every
 group taking part and blocked alike, or the replacement not among the Lighthouse's members,
-the stall is still found. 3 groups x 2 ranks (gloo dumps), the real Verifier judging against
+the stall is still found. The replacement's hang is its own: held as a first step until
+--starting-timeout, then a ``hang`` naming it (monitor/detect/hang.py). 3 groups x 2 ranks
+(gloo dumps, the replacement's recorder a new process's), the real Verifier judging against
 the Lighthouse's status, swept as the service does."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -15,6 +19,7 @@ from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.verification import Verifier
+from tests.support.frgen import _Rank
 from tests.test_monitor_detectors import T0, Job
 
 Q = 4  # the quorum the replacement heals into (the job trained at quorum 3)
@@ -53,6 +58,10 @@ def _run(replacement: str) -> tuple[list, Detectors]:
     old = job.states[4]["replica_id"]
     ids = {job.states[r]["replica_id"] for r in (0, 2)}
     lh = _lighthouse(Q, ids if replacement == "unlisted" else ids | {NEW})
+    for r in (4, 5):  # the replacement is a new process: its recorder starts empty
+        was = job.fr._ranks[r]
+        job.fr._ranks[r] = _Rank(r, was.host, was.clock_offset_ns, was.now_ns,
+                                 pg_ids={"0": 0}, next_pg_id=1)
     job.fr.quorum(Q, [0, 1, 2])
     # groups 0 and 1 enqueued the all_reduce; the replacement never did
     job.fr.ft_collective("all_reduce", [[1000]],
@@ -83,6 +92,22 @@ def test_a_replacement_healing_into_the_quorum_is_no_job_wide_stall():
     found, det = _run("healing")
     assert "job_stall" not in [f.kind for f in found]
     assert [f for f in det.open_findings() if f.kind == "job_stall"] == []
+
+
+def test_the_replacement_hung_healing_into_the_quorum_is_named_at_the_starting_timeout(caplog):
+    caplog.set_level(logging.WARNING, logger="monitor.detect.hang")
+    found, det = _run("healing")
+    (f,) = [f for f in found if f.kind == "hang"]
+    assert (f.replica_group, f.replica_id, f.ranks) == (2, NEW, [4, 5])
+    assert f.evidence["never_arrived"] == [4, 5] and f.evidence["waiting_ranks"] == [0, 1, 2, 3]
+    assert f.evidence["level"] == "cross_group" and f.evidence["threshold_s"] == STARTING_S
+    # first_seen: when the others began waiting; held (never confirmed) until they had waited
+    # --starting-timeout, named at the first sweep (1.5 s apart) past it
+    assert STARTING_S <= f.confirmed_at - f.first_seen < STARTING_S + 1.5
+    assert f in det.open_findings()
+    held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
+    assert len(held) == 1 and "replica group 2 rank(s) [4, 5] have not finished a step" in held[0]
+    assert "job_stall" not in [f.kind for f in found]
 
 
 @pytest.mark.parametrize("replacement", ["joined", "unlisted"])

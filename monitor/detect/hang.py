@@ -185,7 +185,9 @@ class Hang:
         new = []
         newest_q = view.quorum_id
         rank_group = rank_groups(view, dumps)
-        in_quorum = {g.replica_group for g in view.in_quorum()}
+        # a culprit may report the newest quorum without taking part: healing into it, it is in
+        # its process group (a replacement hung in its first step; held as untimed)
+        candidates = {g for g, gv in view.groups.items() if newest_q in gv.quorums}
         inner, cross = _inner(analysis), {}
         for h in analysis:
             if h["kind"] == "hang" and h["replica_group"] is None \
@@ -196,7 +198,7 @@ class Hang:
                         cross[g].append(h)
         for g in sorted(set(cross) | set(inner)):
             gv = view.groups.get(g)
-            if gv is None or g not in in_quorum:
+            if gv is None or g not in candidates:
                 continue
             h_in = inner.get(g)
             waiting = self._in_group_blocked(view, g, h_in, waits, rank_group)
