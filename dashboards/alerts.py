@@ -4,7 +4,7 @@ which it fires and stays silent (rendered by dashboards/rules.py)."""
 from __future__ import annotations
 
 from .promql import RANK_HEALS, RANK_HEALS_EXPR
-from .rule_model import M2, NEVER_SWEPT, Alert, Case, M, Record, W, _worker, grown
+from .rule_model import M2, NEVER_SWEPT, RESTARTED, Alert, Case, M, Record, W, _worker, grown
 
 RECORDS = [
     Record("lightkeeper:replica_group_step_seconds:mean1m",
@@ -12,10 +12,12 @@ RECORDS = [
            "  / sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_count[1m]))"),
     # A straggler is the group the others wait for: its compute a step (step time less the
     # waits) stands out, while every group's step time stretches alike (docs/dashboards.md).
+    # Live series only: a restarted rank's old series, stale, keeps its last steps in the window.
     Record("lightkeeper:replica_group_compute_seconds:max1m",
            "max by (job, replica_group) (\n"
            "  rate(lightkeeper_step_compute_seconds_sum[1m])\n"
-           "  / rate(lightkeeper_step_compute_seconds_count[1m]))"),
+           "  / rate(lightkeeper_step_compute_seconds_count[1m])\n"
+           "  and lightkeeper_step_compute_seconds_count)"),
     Record("lightkeeper:replica_group_compute_seconds:relative1m",
            "lightkeeper:replica_group_compute_seconds:max1m\n"
            "  / on (job) group_left\n"
@@ -123,7 +125,9 @@ ALERTS = [
                for g in range(3)]
               + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", "0+1x20")
                  for g in range(3)],
-              "4m")]),
+              "4m"),
+         Case("group 1 evicted and restarted at pace: its old rank's last slow steps",
+              RESTARTED, "3m30s")]),
     Alert(
         "LightkeeperJobNoProgress",
         # every rank stopped: the job ended; every rank starting (before its first quorum,

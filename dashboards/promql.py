@@ -23,10 +23,12 @@ RI = "$__rate_interval"
 STEP = "$__interval"
 
 
-# each group's slowest rank's compute a step (as the straggler alert's recording rule)
+# each group's slowest rank's compute a step (as the straggler alert's recording rule), live
+# series only: a restarted rank's old series' last steps stay in the rate's window
 GROUP_COMPUTE = (f"max by (job, replica_group) "
                  f"(rate(lightkeeper_step_compute_seconds_sum{{{J}}}[{RI}]) "
-                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]))")
+                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]) "
+                 f"and lightkeeper_step_compute_seconds_count{{{J}}})")
 
 
 def new_series(m: str, window: str, seconds: str) -> str:

@@ -68,3 +68,16 @@ def _worker(rg: int, extra: str = "") -> str:
 # a monitor up beside its ranks whose sweeps all fail: what it exports from its start, no sweep
 NEVER_SWEPT = [(f"up{{{M}}}", "1x40"), (f"lightkeeper_monitor_dry_run{{{M}}}", "0x40"),
                (f"lightkeeper_step{{{_worker(0)}}}", "1x40")]
+
+
+# Groups 0 and 2 compute 0.1 s a step; group 1 0.3 s from 45 s on, is evicted after 2m45s (its
+# rank's series marked stale at 3m) and restarted as another instance, at pace from 3m15s: at
+# 3m30s only the old series' last slow steps, still in a [1m] window, say it is slow.
+_C = "lightkeeper_step_compute_seconds"
+_W1B = f'{W}, instance="w1b:9000", replica_group="1", rank="1", group_rank="0"'
+RESTARTED = (
+    [(f"{_C}_{m}{{{_worker(g)}}}", v) for g in (0, 2)
+     for m, v in (("count", "0+10x30"), ("sum", "0+1x30"))]
+    + [(f"{_C}_count{{{_worker(1)}}}", "0+10x11 stale"),
+       (f"{_C}_sum{{{_worker(1)}}}", "0+1x3 6+3x7 stale"),
+       (f"{_C}_count{{{_W1B}}}", "_x13 0+10x16"), (f"{_C}_sum{{{_W1B}}}", "_x13 0+1x16")])

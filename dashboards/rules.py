@@ -17,7 +17,7 @@ import re
 
 from .alerts import ALERTS, RECORDS
 from .promql import RANK_HEALS, SCRAPE
-from .rule_model import RUNBOOK_BASE, Alert, W, _worker
+from .rule_model import RESTARTED, RUNBOOK_BASE, Alert, W, _worker
 from .yamlout import dump
 
 __all__ = ["ALERTS", "RECORDS", "RUNBOOK_BASE", "render_rules", "render_rules_test"]
@@ -102,6 +102,17 @@ def rules_test_document(alerts: list[Alert] | None = None, with_records: bool = 
                            'replica_group="0"}', "value": 0.5},
                 {"labels": 'lightkeeper:replica_group_compute_seconds:relative1m{job="train", '
                            'replica_group="1"}', "value": 1.5}]}],
+    })
+    # a straggler restarted as another instance reads its new rank's pace, not its old one's
+    tests.append({
+        "name": "relative compute time of a group restarted at pace",
+        "interval": "15s",
+        "input_series": [{"series": s, "values": v} for s, v in RESTARTED],
+        "promql_expr_test": [{
+            "expr": 'lightkeeper:replica_group_compute_seconds:relative1m{replica_group="1"}',
+            "eval_time": "3m30s",
+            "exp_samples": [{"labels": 'lightkeeper:replica_group_compute_seconds:relative1m'
+                                       '{job="train", replica_group="1"}', "value": 1}]}],
     })
     tests.append(_rank_heals_test())
     return {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": tests}

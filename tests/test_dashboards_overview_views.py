@@ -4,6 +4,7 @@ stalled group's 0/0 compute, a ledger's ok hosts. Evaluated by promtool."""
 
 from __future__ import annotations
 
+from dashboards.rule_model import RESTARTED
 from monitor.api.metrics import MonitorMetrics
 from tests.test_dashboards_aggregation import _check, _one, _query, _series
 
@@ -66,6 +67,17 @@ def test_a_stalled_groups_nan_compute_is_left_out_of_the_median(tmp_path):
         "expr": f"({relative}) >= 0", "eval_time": "4m",
         "exp_samples": [{"labels": f'{{job="train", replica_group="{g}"}}', "value": v}
                         for g, v in ((0, 0.4), (1, 1.6))]}])
+
+
+def test_a_straggler_restarted_at_pace_reads_its_new_ranks_pace(tmp_path):
+    """Group 1 computed 3x the others, was evicted (its rank's series marked stale) and
+    restarted as another instance at pace: the old series' last slow steps, still in the
+    rate's window, are not its compute (they read it 3x for a minute more)."""
+    relative = _query("panel 'Relative compute time' A")
+    _check(tmp_path, [{"series": s, "values": v} for s, v in RESTARTED], [{
+        "expr": relative, "eval_time": "3m30s",
+        "exp_samples": [{"labels": f'{{job="train", replica_group="{g}"}}', "value": 1}
+                        for g in range(3)]}])
 
 
 def test_hosts_by_state_names_the_ledgers_ok_hosts_back_to_ok(tmp_path):
