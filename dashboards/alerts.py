@@ -348,27 +348,32 @@ ALERTS = [
                (f'lightkeeper_phase{{{_worker(1)}, phase="allreduce"}}', "0x20")], "4m")]),
     Alert(
         "LightkeeperReplicaGroupOutOfQuorum",
-        # stuck_starting: out of the quorum for --starting-timeout already; a replaced or gone
-        # group closes it (a normal eviction); every group starting (no quorum) is no page
+        # stuck_starting (no group label): out of the quorum for --starting-timeout already; a
+        # replaced or gone group closes it (a normal eviction); every group starting: no page
+        "(max by (job, replica_group) (lightkeeper_monitor_replica_group_in_quorum) == 0)\n"
+        "and on (job)\n"
         '(max by (job) (lightkeeper_monitor_open_findings{kind="stuck_starting"}) > 0)\n'
         "and on (job)\n"
         "(max by (job) (lightkeeper_monitor_replica_group_in_quorum) == 1)", "5m", "warning",
-        "A replica group of job {{ $labels.job }} stays out of the quorum",
-        "The monitor's stuck_starting finding has been open for 5 minutes while other groups "
-        "train: a group has stayed out of the quorum for --starting-timeout (300 s by default) "
-        "and more, hung past the others' process-group timeout (torchft went on without it) or "
-        "never in a first quorum, and nothing ended it (dry run, stuck_starting not in "
-        "--evict-on, a held eviction, no --rank-exit-token). It trains nothing and holds its "
-        "hosts.",
-        "GET /v1/findings on the monitor: the stuck_starting finding's evidence (shape left_out "
-        "or no_first_quorum, each rank's why); follow the group's stacks and Flight Recorder "
-        "links in the drill-down, then end its ranks (POST /v1/evict with --rank-exit-token "
-        "set, or by hand) so the scheduler restarts it and it heals from a peer.",
-        [Case("group 1 left out for 8 minutes, group 0 training",
+        "Replica group {{ $labels.replica_group }} of job {{ $labels.job }} stays out of quorum",
+        "The monitor's stuck_starting finding has been open for 5 minutes while replica group "
+        "{{ $labels.replica_group }} is out of the quorum and other groups train: it has stayed "
+        "out for --starting-timeout (300 s by default) and more, hung past the others' "
+        "process-group timeout (torchft went on without it) or never in a first quorum, and "
+        "nothing ended it (dry run, stuck_starting not in --evict-on, a held eviction, no "
+        "--rank-exit-token). It trains nothing and holds its hosts.",
+        "GET /v1/findings on the monitor: the stuck_starting finding of group "
+        "{{ $labels.replica_group }} (evidence shape left_out or no_first_quorum, each rank's "
+        "why); follow the group's stacks and Flight Recorder links in the drill-down, then end "
+        "its ranks (POST /v1/evict with --rank-exit-token set, or by hand) so the scheduler "
+        "restarts it and it heals from a peer.",
+        [Case("group 1 left out for 8 minutes, group 0 training, group 2 back after 2 minutes",
               [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}', "0 1x40"),
                (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="0"}}', "1x40"),
                (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="1"}}',
-                "0x40")], "8m", [{"job": "train"}]),
+                "0x40"),
+               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="2"}}',
+                "0x8 1x32")], "8m", [{"job": "train", "replica_group": "1"}]),
          Case("group 1 evicted and replaced 2 minutes after its finding",
               [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}',
                 "0 1x8 0x31"),
