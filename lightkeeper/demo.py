@@ -35,6 +35,7 @@ import contextlib
 import math
 import os
 import secrets
+import shlex
 import signal
 import stat
 import sys
@@ -578,11 +579,16 @@ def build_fabric(hosts: int):
 
 
 def print_keep_running(demo: Demo) -> None:
+    token = shlex.quote(str(demo.admin_token_path))
     lines = ["", f"the cluster keeps running (Ctrl-C or SIGTERM to PID {os.getpid()} stops it); "
                  f"report so far in {demo.dir}. Try:",
              f"  curl {demo.user_url(demo.monitor_url)}/v1/cluster",
              f"  curl {demo.user_url(demo.monitor_url)}/v1/findings",
              f"  curl {demo.user_url(demo.monitor_url)}/v1/evictions",
+             f"  curl {demo.user_url(demo.monitor_url)}/v1/hosts",
+             # the admin token stays in its file: this output is also demo.log's
+             f"  curl -X POST -H \"Authorization: Bearer $(cat {token})\" "
+             f"{demo.user_url(demo.monitor_url)}/v1/hosts/<host>/release   # admin token",
              f"  open {demo.user_url(demo.monitor_url)}/   (monitor overview)",
              f"  Lighthouse status: {demo.user_url(demo.cluster.lighthouse_url)}/status"]
     for g, grp in sorted(demo.cluster.groups.items()):

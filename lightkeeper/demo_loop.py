@@ -49,6 +49,10 @@ class Demo(Processes, Sampling, Supervisor, Stories):
         self.logs = report_dir / "logs"
         self.token = secrets.token_hex(16)
         self.exit_token = secrets.token_hex(16)
+        # the monitor's admin token (a release, an eviction by hand: the user's, in a file) and
+        # the ranks' own to register with (the admin one alone would refuse them)
+        self.admin_token = secrets.token_hex(16)
+        self.register_token = secrets.token_hex(16)
         self.t0_mono = time.monotonic()
         self.t0_unix = time.time()
         self.tty = sys.stdout.isatty()
@@ -63,6 +67,7 @@ class Demo(Processes, Sampling, Supervisor, Stories):
                        # the monitor tells an evicted group's other ranks to exit (the kill
                        # reaches only its rank 0): the group is gone, and restarted, sooner
                        "LIGHTKEEPER_EXIT_TOKEN": self.exit_token,
+                       "LIGHTKEEPER_REGISTER_TOKEN": self.register_token,
                        # the groups share this machine: on a GPU box their ranks would share
                        # GPUs, which NCCL refuses (two ranks of one communicator on a device)
                        "CUDA_VISIBLE_DEVICES": ""},

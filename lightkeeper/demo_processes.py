@@ -101,11 +101,22 @@ class Processes:
         if self.args.dry_run:
             cmd.append("--dry-run")
         (self.dir / "prometheus" / "file_sd").mkdir(parents=True, exist_ok=True)
+        # the admin token for the user's curl, readable by them alone; removed at the stop
+        fd = os.open(self.admin_token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # one a killed run left keeps its own mode
+        with os.fdopen(fd, "w") as f:
+            f.write(self.admin_token + "\n")
         self.monitor_proc, self.monitor_url = start_monitor_process(
-            cmd, out_path, log_path, env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
+            cmd, out_path, log_path, env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token,
+                                          "LIGHTKEEPER_TOKEN": self.admin_token,
+                                          "LIGHTKEEPER_REGISTER_TOKEN": self.register_token})
         self.procs.append(self.monitor_proc)
         self.event("monitor", None, self.user_url(self.monitor_url)
                    + (" (dry run)" if self.args.dry_run else ""))
+
+    @property
+    def admin_token_path(self) -> Path:
+        return self.dir / "monitor-admin-token"
 
     def quarantine_args(self) -> list[str]:
         """The monitor's host-quarantine flags (docs/demo.md, "Hosts"). Off with --one-host
@@ -206,6 +217,7 @@ class Processes:
         if self._log:
             self._log.close()
             self._log = None
+        self.admin_token_path.unlink(missing_ok=True)  # its monitor is gone: no secret left
         os.environ.pop(OWNER_ENV, None)  # nothing is started from here on
 
     def pids(self) -> list[int]:
