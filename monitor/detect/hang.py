@@ -50,6 +50,12 @@ def untimed(gv: GroupView) -> bool:
         is_torch(r.url) or _timed(r.state, r.recent_steps()) for r in ranks)
 
 
+def _over(held: Mapping[str, Any]) -> str:
+    """The summary's note of a first-step hold over incarnations (``Hang._judged_at``)."""
+    return f", held {held['held_s']:.0f}s over {held['incarnations']} incarnation(s)" if held \
+        else ""
+
+
 def _inner(analysis: list[dict]) -> dict[int, dict]:
     """Each replica group's first hang within it, one naming a culprit first (a hang whose
     ranks are only blocked in another names none)."""
@@ -73,7 +79,8 @@ class Hang:
         self._longest: tuple[float, float] | None = None  # (now, seconds)
         self._saving: dict[int, float] = {}  # group -> start of the save last said held
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by rank, noted as its group changes
-        self._first_held: dict[int, frozenset] = {}  # group -> its replica ids when last said
+        # untimed group -> (held since, last held, replica ids, incarnations, named)
+        self._first_held: dict[int, tuple] = {}
 
     def threshold(self, view: ClusterView) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
@@ -85,20 +92,32 @@ class Hang:
         threshold = self.threshold(view)
         return max(threshold, self.cfg.starting_timeout_s) if untimed(gv) else threshold
 
-    def _judged_at(self, view: ClusterView, gv: GroupView, ranks: list[int],
-                   longest: float) -> float | None:
-        """``gv``'s :meth:`group_threshold` when the others' wait of ``longest`` s (past the
-        hang threshold) reaches it; None while it is held as on its first step (said once an
-        incarnation)."""
-        threshold = self.group_threshold(view, gv)
-        if longest >= threshold:
-            return threshold
-        ids = gv.reported_replica_ids
-        if self._first_held.get(gv.replica_group) != ids:
-            self._first_held[gv.replica_group] = ids
+    def _judged_at(self, view: ClusterView, gv: GroupView, ranks: list[int], longest: float,
+                   now: float) -> tuple[float, dict] | None:
+        """(``gv``'s :meth:`group_threshold`, evidence of a hold over incarnations) once the
+        others' wait of ``longest`` s (past the hang threshold) and the group's hold reach it;
+        None while it is held as on its first step (said once an incarnation). The hold counts
+        across the slot's untimed incarnations: one hung in every first step is restarted under
+        a new replica id each time the others' process-group timeout cuts their wait."""
+        threshold, g, ids = self.group_threshold(view, gv), gv.replica_group, \
+            gv.reported_replica_ids
+        if not untimed(gv):
+            self._first_held.pop(g, None)
+            return threshold, {}
+        start, last, was, n, named = self._first_held.get(g) or (now, now, None, 0, False)
+        if now - last > self.cfg.starting_timeout_s or (named and ids != was):
+            start, n, named = now, 0, False  # it held nobody that long, or a named one replaced
+        start, n = min(start, now - longest), n + (ids != was)
+        held, named = now - start, named or now - start >= threshold
+        self._first_held[g] = (start, now, ids, n, named)
+        if named:
+            return threshold, {"held_s": round(held, 3), "incarnations": n} \
+                if held > longest + 1.0 else {}
+        if ids != was:
             log.warning("hang held: replica group %d rank(s) %s have not finished a step yet (a "
-                        "first step compiles); the others have waited %.0fs, judged at %.0fs "
-                        "(--starting-timeout)", gv.replica_group, ranks, longest, threshold)
+                        "first step compiles); the others have waited %.0fs, held %.0fs over %d "
+                        "incarnation(s), judged at %.0fs (--starting-timeout)", g, ranks,
+                        longest, held, n, threshold)
         return None
 
     def note_progress(self, view: ClusterView, now: float) -> None:
@@ -111,6 +130,8 @@ class Hang:
             self._saves.note(g, (), now)
         for g in changed:
             self._saves.note(g, [(r.rank, r.state) for r in view.groups[g].ranks], now)
+            if g in self._first_held and view.groups[g].reachable and not untimed(view.groups[g]):
+                del self._first_held[g]  # it trained: a later first step is held afresh
         q, groups, steps = view.quorum_id, view.groups, self.progress_steps
         moved = False
         if q != self._progress_quorum:
@@ -222,14 +243,13 @@ class Hang:
                     waiting, waits = inner_peers, {**blocked, **waits}
             if self._held(view, g, ranks, now):
                 continue
-            threshold = self._judged_at(view, gv, ranks, longest)
-            if threshold is None:
+            if (judged := self._judged_at(view, gv, ranks, longest, now)) is None:
                 continue
-            pending = found[0]["raw"]
+            (threshold, held), pending = judged, found[0]["raw"]
             ev = {"summary": f"rank(s) {ranks} never entered {pending.get('op')} (seq "
                              f"{pending.get('seq')}, {level.replace('_', '-')}) that rank(s) "
                              f"{waiting} have waited in for {longest:.1f}s (threshold "
-                             f"{threshold:.1f}s)",
+                             f"{threshold:.1f}s{_over(held)})", **held,
                   "level": level, "stalled_s": round(longest, 3),
                   "threshold_s": round(threshold, 3),
                   "median_step_s": view.median_step_seconds(),
@@ -277,13 +297,13 @@ class Hang:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
             if gv.replica_group in named or self._held(view, gv.replica_group, ranks, now):
                 continue
-            threshold = self._judged_at(view, gv, ranks, longest)
-            if threshold is None:
+            if (judged := self._judged_at(view, gv, ranks, longest, now)) is None:
                 continue
+            threshold, held = judged
             ev = {"summary": f"rank(s) {ranks} never asked for the quorum of step "
                              f"{gv.step + 1 if gv.step is not None else '?'} that replica "
                              f"group(s) {sorted(waited)} have waited for, across groups, for "
-                             f"{longest:.1f}s (threshold {threshold:.1f}s)",
+                             f"{longest:.1f}s (threshold {threshold:.1f}s{_over(held)})", **held,
                   "level": "quorum", "stalled_s": round(longest, 3),
                   "threshold_s": round(threshold, 3), "median_step_s": view.median_step_seconds(),
                   "quorum_id": view.quorum_id, "never_arrived": ranks, "waiting_ranks": waiting,

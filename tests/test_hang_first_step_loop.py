@@ -1,0 +1,138 @@
+"""A replacement that hangs in every first step, healing into the quorum, is named whatever
+torchft's timeout: its rank 0's ``should_commit`` times out after the Manager's timeout, the
+process exits and its supervisor restarts it under a new replica id, so the survivors' wait is
+cut short of --starting-timeout at every incarnation. The first-step hold is timed per group
+slot across its untimed incarnations (monitor/detect/hang.py); a slot that trained in between
+starts afresh. Built as tests/test_jobwide_healing_member.py: 3 groups x 2 ranks, gloo dumps,
+the real Verifier against the Lighthouse's status, swept as the service does."""
+
+from __future__ import annotations
+
+import logging
+
+from monitor.config import DetectorConfig
+from monitor.detect import Detectors
+from monitor.evidence.verification import Verifier
+from tests.support.frgen import _Rank
+from tests.test_jobwide_healing_member import _lighthouse
+from tests.test_monitor_detectors import T0, Job
+
+STARTING_S = 30.0  # --starting-timeout
+TORCHFT_S = 10.0  # the Manager's timeout: the survivors' wait is cut there
+SWEEP_S = 1.5
+
+
+class _Slot:
+    """The job after group 2 was evicted; each :meth:`incarnation` its replacement anew."""
+
+    def __init__(self) -> None:
+        self.job, self.verifier = Job(), Verifier()
+        self.det = Detectors(DetectorConfig(starting_timeout_s=STARTING_S))
+        self.found: list = []
+        self.now, self.q, self.k = T0, 3, 0
+        self.evicted: set[str] = set()
+        self.ids = {self.job.states[r]["replica_id"] for r in (0, 2)}
+        self.lh = _lighthouse(3, {s["replica_id"] for s in self.job.states})
+        for _ in range(6):
+            self.job.steps(3, now=self.advance(1.0))
+            self.sweep()
+
+    def advance(self, dt: float) -> float:
+        self.now += dt
+        return self.now
+
+    def sweep(self) -> None:
+        now, lh = self.now, self.lh
+        view = self.job.view(now, lambda ranks, changed: self.verifier.judge(
+            ranks, changed, lh, None, True, now))
+        dumps = self.job.dumps() if self.det.fr_wanted(view.evidence(), now) else None
+        self.found.extend((now, f) for f in self.det.update(
+            view.evidence(), dumps, now, full_view=view, evicted=frozenset(self.evicted),
+            lighthouse=lh))
+        assert self.det.last_error is None
+
+    def incarnation(self, trains: bool = False) -> tuple[str, float]:
+        """Group 2 restarted under a new replica id into a new quorum. Hung: it heals (rank 4)
+        and never enters the all_reduce (rank 5 in its forward) while groups 0 and 1 wait up to
+        the Manager's timeout, then it exits (the survivors wait no more). ``trains``: it
+        joins and trains instead. (its replica id, when the survivors began waiting)"""
+        job = self.job
+        self.evicted.add(job.states[4]["replica_id"])
+        self.q, self.k = self.q + 1, self.k + 1
+        new = f"replica_group_2:incarnation-{self.k}"
+        self.lh = _lighthouse(self.q, self.ids | {new})
+        for r in (4, 5):  # a new process: its recorder starts empty
+            was = job.fr._ranks[r]
+            job.fr._ranks[r] = _Rank(r, was.host, was.clock_offset_ns, was.now_ns,
+                                     pg_ids={"0": 0}, next_pg_id=1)
+        job.fr.quorum(self.q, [0, 1, 2])
+        for r, s in enumerate(job.states):
+            s.update(quorum_id=self.q, num_participants=3 if trains else 2)
+            if r in (4, 5):
+                s.update(replica_id=new, pid=s["pid"] + 100, started_at=self.now - 5.0,
+                         step=s["step"] if trains else 0, participating=trains,
+                         last_step_seconds=0.2 if trains else None, recent_step_seconds=[],
+                         commits=5 if trains else 0, heals=1 if trains else 0,
+                         timing={"recent": [], "waiting": None, "last_step": None,
+                                 "window": None})
+        since = self.now
+        if trains:
+            for _ in range(8):
+                job.steps(1, now=self.advance(1.0))
+                self.sweep()
+            return new, since
+        job.fr.ft_collective("all_reduce", [[1000]], absent=(4, 5))
+        job.wait(4, None, phase="healing")
+        job.wait(5, None, phase="forward")
+        while self.advance(SWEEP_S) - since < TORCHFT_S:
+            for r in range(4):
+                job.wait(r, "cross", self.now - since, phase="allreduce")
+            self.sweep()
+        for r in range(4):  # should_commit timed out: the step is given up, the process exits
+            job.wait(r, None, phase="quorum")
+        for _ in range(4):
+            self.sweep()
+            self.advance(SWEEP_S)
+        return new, since
+
+    def hangs(self) -> list:
+        return [(at, f) for at, f in self.found if f.kind == "hang"]
+
+
+def _named_at_the_starting_timeout(slot: _Slot) -> None:
+    """Hung incarnations until one is named: at the first sweep it holds the others past the
+    plain hang threshold once the slot has been held --starting-timeout since the others began
+    waiting for the first hung one, never before."""
+    incarnations = [slot.incarnation()]
+    first = incarnations[0][1]
+    while not slot.hangs():
+        incarnations.append(slot.incarnation())
+        assert len(incarnations) < 6, "never named"
+    ((at, f),) = slot.hangs()
+    new, since = incarnations[-1]
+    assert (f.replica_group, f.replica_id, f.ranks) == (2, new, [4, 5])
+    # not before the slot was held that long in all, then at the incarnation's first stall
+    assert at - first >= STARTING_S and at - since < 2 * SWEEP_S + 1.0
+    assert f.evidence["stalled_s"] < TORCHFT_S <= STARTING_S == f.evidence["threshold_s"]
+    assert f.evidence["held_s"] >= STARTING_S
+    assert f.evidence["incarnations"] == len(incarnations) > 1
+    assert f"over {len(incarnations)} incarnation(s)" in f.evidence["summary"]
+
+
+def test_a_replacement_hung_in_every_first_step_is_named_across_its_incarnations(caplog):
+    caplog.set_level(logging.WARNING, logger="monitor.detect.hang")
+    slot = _Slot()
+    _named_at_the_starting_timeout(slot)
+    held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
+    assert len(held) == 2, held  # once an incarnation held
+    slot.incarnation()  # the named one replaced: its successor is held afresh
+    assert len(slot.hangs()) == 1
+    assert "replica group 2 rank(s) [4, 5] have not finished a step" in held[0]
+    assert "over 1 incarnation(s)" in held[0] and "over 2 incarnation(s)" in held[1]
+
+
+def test_a_slot_that_trained_in_between_is_held_afresh():
+    slot = _Slot()
+    slot.incarnation()
+    slot.incarnation(trains=True)  # it healed and trained: no first step any more
+    _named_at_the_starting_timeout(slot)
