@@ -11,25 +11,16 @@ import pytest
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
-from monitor.evidence.verification import Verifier
-from tests.test_jobwide_healing_member import NEW, STARTING_S, Q, _lighthouse
+from tests.test_jobwide_healing_member import NEW, STARTING_S, Q, _lighthouse, sweeper
 from tests.test_monitor_detectors import T0, Job
 
 
 @pytest.mark.parametrize("member", ["healed", "spare"])
 def test_a_network_stall_is_found_beside_a_member_blocked_without_taking_part(member):
-    job, verifier = Job(), Verifier()
+    job = Job()
     det = Detectors(DetectorConfig(starting_timeout_s=STARTING_S))
     found: list = []
-
-    def sweep(now: float, lh, evicted=frozenset()) -> None:
-        view = job.view(now, lambda ranks, changed: verifier.judge(ranks, changed, lh, None,
-                                                                   True, now))
-        dumps = job.dumps() if det.fr_wanted(view.evidence(), now) else None
-        found.extend(det.update(view.evidence(), dumps, now, full_view=view, evicted=evicted,
-                                lighthouse=lh))
-        assert det.last_error is None
-
+    sweep = sweeper(job, det, found)
     ids = {s["replica_id"] for s in job.states}
     if member == "spare":
         for r in (4, 5):

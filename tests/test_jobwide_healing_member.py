@@ -32,14 +32,10 @@ def _lighthouse(q: int, ids: set[str]) -> LighthouseStatus:
                             dict.fromkeys(ids, 0.1), at=T0)
 
 
-def _run(replacement: str) -> tuple[list, Detectors]:
-    """Train, replace group 2, then the groups taking part block in the all_reduce for twice
-    --starting-timeout. ``replacement``: ``healing`` (rank 4 heals, rank 5 hung in its first
-    forward, neither taking part), ``unlisted`` (the same, but not among the Lighthouse's
-    members of quorum Q) or ``joined`` (taking part and blocked like the others)."""
-    job, verifier = Job(), Verifier()
-    det = Detectors(DetectorConfig(starting_timeout_s=STARTING_S))
-    found: list = []
+def sweeper(job: Job, det: Detectors, found: list):
+    """A sweep as the service runs it: the real Verifier judging against the Lighthouse's
+    status ``lh``, the dumps read when the detectors want them; new findings into ``found``."""
+    verifier = Verifier()
 
     def sweep(now: float, lh: LighthouseStatus, evicted=frozenset()) -> None:
         view = job.view(now, lambda ranks, changed: verifier.judge(ranks, changed, lh, None,
@@ -48,7 +44,18 @@ def _run(replacement: str) -> tuple[list, Detectors]:
         found.extend(det.update(view.evidence(), dumps, now, full_view=view, evicted=evicted,
                                 lighthouse=lh))
         assert det.last_error is None
+    return sweep
 
+
+def _run(replacement: str) -> tuple[list, Detectors]:
+    """Train, replace group 2, then the groups taking part block in the all_reduce for twice
+    --starting-timeout. ``replacement``: ``healing`` (rank 4 heals, rank 5 hung in its first
+    forward, neither taking part), ``unlisted`` (the same, but not among the Lighthouse's
+    members of quorum Q) or ``joined`` (taking part and blocked like the others)."""
+    job = Job()
+    det = Detectors(DetectorConfig(starting_timeout_s=STARTING_S))
+    found: list = []
+    sweep = sweeper(job, det, found)
     now = T0
     lh = _lighthouse(3, {s["replica_id"] for s in job.states})
     for _ in range(6):
