@@ -51,13 +51,18 @@ class _Slot:
             lighthouse=lh))
         assert self.det.last_error is None
 
-    def incarnation(self, trains: bool = False) -> tuple[str, float]:
+    def incarnation(self, trains: bool = False, evict: bool = True, gap_s: float = 0.0,
+                    compile_s: float | None = None) -> tuple[str, float]:
         """Group 2 restarted under a new replica id into a new quorum. Hung: it heals (rank 4)
         and never enters the all_reduce (rank 5 in its forward) while groups 0 and 1 wait up to
-        the Manager's timeout, then it exits (the survivors wait no more). ``trains``: it
-        joins and trains instead. (its replica id, when the survivors began waiting)"""
+        the Manager's timeout, then it exits (the survivors wait no more) and is restarted
+        ``gap_s`` later. ``trains``: it joins and trains instead; ``compile_s``: its first step
+        takes that long, the others waiting for it, uncut. ``evict``: its predecessor was
+        evicted (else it exited on its own). (its replica id, when the survivors began
+        waiting)"""
         job = self.job
-        self.evicted.add(job.states[4]["replica_id"])
+        if evict:
+            self.evicted.add(job.states[4]["replica_id"])
         self.q, self.k = self.q + 1, self.k + 1
         new = f"replica_group_2:incarnation-{self.k}"
         self.lh = _lighthouse(self.q, self.ids | {new})
@@ -84,13 +89,15 @@ class _Slot:
         job.fr.ft_collective("all_reduce", [[1000]], absent=(4, 5))
         job.wait(4, None, phase="healing")
         job.wait(5, None, phase="forward")
-        while self.advance(SWEEP_S) - since < TORCHFT_S:
+        while self.advance(SWEEP_S) - since < (compile_s or TORCHFT_S):
             for r in range(4):
                 job.wait(r, "cross", self.now - since, phase="allreduce")
             self.sweep()
+        if compile_s:
+            return new, since
         for r in range(4):  # should_commit timed out: the step is given up, the process exits
             job.wait(r, None, phase="quorum")
-        for _ in range(4):
+        while self.now - since < TORCHFT_S + 4 * SWEEP_S + gap_s:
             self.sweep()
             self.advance(SWEEP_S)
         return new, since
@@ -136,3 +143,50 @@ def test_a_slot_that_trained_in_between_is_held_afresh():
     slot.incarnation()
     slot.incarnation(trains=True)  # it healed and trained: no first step any more
     _named_at_the_starting_timeout(slot)
+
+
+def test_a_named_incarnation_that_exits_unevicted_leaves_its_slot_held():
+    slot = _Slot()
+    _named_at_the_starting_timeout(slot)
+    # its eviction held (a cooldown), the named one exits on its own: its successor is named at
+    # its first stall past the plain hang threshold, not after a fresh --starting-timeout
+    new, since = slot.incarnation(evict=False)
+    assert len(slot.hangs()) == 2
+    at, f = slot.hangs()[-1]
+    assert f.replica_id == new and at - since < 2 * SWEEP_S + 1.0
+    assert f.evidence["held_s"] > STARTING_S
+
+
+def test_a_healthy_first_step_after_a_hung_one_is_timed_on_its_own():
+    slot = _Slot()
+    slot.incarnation()  # hung, not named, exits
+    # its replacement's first step compiles under --starting-timeout, holding the others past
+    # the earlier one's cut: not the loop, not named however long the slot was held
+    slot.incarnation(compile_s=STARTING_S - 8.0)
+    assert slot.hangs() == []
+
+
+def test_a_group_gone_from_the_view_is_held_afresh():
+    slot = _Slot()
+    slot.incarnation()  # hung, not named, exits
+    job, targets, states = slot.job, slot.job.targets, slot.job.states
+    job.targets, job.states, job.down = targets[:4], states[:4], {4, 5}
+    for _ in range(3):  # relaunched: its group's ranks out of the targets a while
+        slot.sweep()
+        slot.advance(SWEEP_S)
+    job.targets, job.states, job.down = targets, states, set()
+    slot.incarnation()
+    assert slot.hangs() == []
+
+
+def test_a_loop_restarted_slower_than_the_starting_timeout_is_named():
+    slot = _Slot()
+    # each incarnation holds nobody for longer than --starting-timeout before the next one
+    first = slot.incarnation(gap_s=25.0)[1]
+    for _ in range(4):
+        new, since = slot.incarnation(gap_s=25.0)
+        if slot.hangs():
+            break
+    ((at, f),) = slot.hangs()
+    assert f.replica_id == new and at - first >= STARTING_S and at - since < 2 * SWEEP_S + 1.0
+    assert f.evidence["held_s"] >= STARTING_S > f.evidence["stalled_s"]

@@ -202,7 +202,7 @@ class Detectors:
         self._look = None  # read: the dumps are not kept past their sweep
         steps = (
             ("dead", lambda: self.liveness.dead(view, now, evicted, full, cut_off, lighthouse)),
-            ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
+            ("hang", lambda: self.hang.judge(view, dumps, analysis, now, evicted)),
             ("straggler", lambda: self.straggler.judge(view, now, cut_off)),
             ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,

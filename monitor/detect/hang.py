@@ -8,7 +8,7 @@ judged at --starting-timeout.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 from monitor.config import DetectorConfig
@@ -19,6 +19,10 @@ from .findings import Finding, Findings
 from .rank_state import SaveClock, SeenGroups, collective_wait, current_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
+
+# a slot's first-step hold is forgotten after it held nobody this long, however short
+# --starting-timeout: a crash loop's restart (process start, imports, rejoining) takes a while
+HOLD_GAP_S = 600.0
 
 
 def _wait(view: ClusterView, rank: int) -> tuple[str | None, float]:
@@ -79,7 +83,8 @@ class Hang:
         self._longest: tuple[float, float] | None = None  # (now, seconds)
         self._saving: dict[int, float] = {}  # group -> start of the save last said held
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by rank, noted as its group changes
-        # untimed group -> (held since, last held, replica ids, incarnations, named)
+        # untimed group -> (held since, last held, replica ids, incarnations, named, the earlier
+        # incarnations' longest wait, this one's)
         self._first_held: dict[int, tuple] = {}
 
     def threshold(self, view: ClusterView) -> float:
@@ -93,23 +98,30 @@ class Hang:
         return max(threshold, self.cfg.starting_timeout_s) if untimed(gv) else threshold
 
     def _judged_at(self, view: ClusterView, gv: GroupView, ranks: list[int], longest: float,
-                   now: float) -> tuple[float, dict] | None:
+                   now: float, evicted: Container[str]) -> tuple[float, dict] | None:
         """(``gv``'s :meth:`group_threshold`, evidence of a hold over incarnations) once the
         others' wait of ``longest`` s (past the hang threshold) and the group's hold reach it;
         None while it is held as on its first step (said once an incarnation). The hold counts
         across the slot's untimed incarnations: one hung in every first step is restarted under
-        a new replica id each time the others' process-group timeout cuts their wait."""
+        a new replica id each time the others' process-group timeout cuts their wait; one that
+        holds them past that cut is timed on its own. ``evicted``: replica ids killed."""
         threshold, g, ids = self.group_threshold(view, gv), gv.replica_group, \
             gv.reported_replica_ids
         if not untimed(gv):
             self._first_held.pop(g, None)
             return threshold, {}
-        start, last, was, n, named = self._first_held.get(g) or (now, now, None, 0, False)
-        if now - last > self.cfg.starting_timeout_s or (named and ids != was):
-            start, n, named = now, 0, False  # it held nobody that long, or a named one replaced
+        start, last, was, n, named, cut, own = self._first_held.get(g) or (
+            now, now, None, 0, False, 0.0, 0.0)
+        if now - last > max(self.cfg.starting_timeout_s, HOLD_GAP_S) or (
+                named and ids != was and any(i in evicted for i in was)):
+            start, n, named, cut, own = now, 0, False, 0.0, 0.0  # held nobody, or named, evicted
+        elif ids != was:
+            cut, own = max(cut, own), 0.0
+        elif not named and cut and longest > cut + now - last:
+            start, n, cut = now, 1, 0.0  # waited for past the earlier ones' cut, by over a sweep
         start, n = min(start, now - longest), n + (ids != was)
         held, named = now - start, named or now - start >= threshold
-        self._first_held[g] = (start, now, ids, n, named)
+        self._first_held[g] = (start, now, ids, n, named, cut, max(own, longest))
         if named:
             return threshold, {"held_s": round(held, 3), "incarnations": n} \
                 if held > longest + 1.0 else {}
@@ -128,6 +140,7 @@ class Hang:
         changed, gone = self._seen.changed(view)
         for g in gone:
             self._saves.note(g, (), now)
+            self._first_held.pop(g, None)  # relaunched: its slot may be another job's
         for g in changed:
             self._saves.note(g, [(r.rank, r.state) for r in view.groups[g].ranks], now)
             if g in self._first_held and view.groups[g].reachable and not untimed(view.groups[g]):
@@ -193,16 +206,16 @@ class Hang:
         return longest
 
     def judge(self, view: ClusterView, dumps: Mapping[int, dict], analysis: list[dict] | None,
-              now: float) -> list[Finding]:
+              now: float, evicted: Container[str] = ()) -> list[Finding]:
         stalled, longest, threshold, waits = self.stall(view, now)
         findings = self.findings
         if not stalled:
-            new = self._unasked(view, now)
+            new = self._unasked(view, now, evicted=evicted)
             if not new:
                 findings.resolve_where("progress", now, ("hang",))
             return [f for f in new if f]
         if analysis is None:  # no dumps (a torch without the Flight Recorder): the states alone
-            return [f for f in self._unasked(view, now, findings.groups("hang")) if f]
+            return [f for f in self._unasked(view, now, evicted, findings.groups("hang")) if f]
         new = []
         newest_q = view.quorum_id
         rank_group = rank_groups(view, dumps)
@@ -243,7 +256,7 @@ class Hang:
                     waiting, waits = inner_peers, {**blocked, **waits}
             if self._held(view, g, ranks, now):
                 continue
-            if (judged := self._judged_at(view, gv, ranks, longest, now)) is None:
+            if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:
                 continue
             (threshold, held), pending = judged, found[0]["raw"]
             ev = {"summary": f"rank(s) {ranks} never entered {pending.get('op')} (seq "
@@ -263,10 +276,11 @@ class Hang:
                   "analysis": [h["raw"] for h in found]
                   + [h["raw"] for h in cross.get(g, []) if h not in found]}
             new.append(findings.confirm("hang", gv, ranks, ev, now - longest, now, view))
-        new += self._unasked(view, now, findings.groups("hang"))  # the engine's named first
+        new += self._unasked(view, now, evicted, findings.groups("hang"))  # engine's named first
         return [f for f in new if f]
 
-    def _unasked(self, view: ClusterView, now: float, named: set[int] = frozenset()) -> list:
+    def _unasked(self, view: ClusterView, now: float, evicted: Container[str] = (),
+                 named: set[int] = frozenset()) -> list:
         """Hangs of the groups of the newest quorum that never asked for the next one while the
         others, at the same step, wait across groups for it (the longest past the threshold):
         LocalSGD and DiLoCo meet at a quorum before their all_reduce, so the Flight Recorder
@@ -297,7 +311,7 @@ class Hang:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
             if gv.replica_group in named or self._held(view, gv.replica_group, ranks, now):
                 continue
-            if (judged := self._judged_at(view, gv, ranks, longest, now)) is None:
+            if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:
                 continue
             threshold, held = judged
             ev = {"summary": f"rank(s) {ranks} never asked for the quorum of step "
