@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.evidence.verification import Verifier
@@ -106,10 +108,10 @@ class _Slot:
         return [(at, f) for at, f in self.found if f.kind == "hang"]
 
 
-def _named_at_the_starting_timeout(slot: _Slot) -> None:
-    """Hung incarnations until one is named: at the first sweep it holds the others past the
-    plain hang threshold once the slot has been held --starting-timeout since the others began
-    waiting for the first hung one, never before."""
+def _named_at_the_starting_timeout(slot: _Slot) -> int:
+    """Hung incarnations until one is named: once its incarnations have held the others
+    --starting-timeout in all (their waits summed, the restarts' gaps not), never before; how
+    many incarnations that took."""
     incarnations = [slot.incarnation()]
     first = incarnations[0][1]
     while not slot.hangs():
@@ -124,14 +126,15 @@ def _named_at_the_starting_timeout(slot: _Slot) -> None:
     assert f.evidence["held_s"] >= STARTING_S
     assert f.evidence["incarnations"] == len(incarnations) > 1
     assert f"over {len(incarnations)} incarnation(s)" in f.evidence["summary"]
+    return len(incarnations)
 
 
 def test_a_replacement_hung_in_every_first_step_is_named_across_its_incarnations(caplog):
     caplog.set_level(logging.WARNING, logger="monitor.detect.hang")
     slot = _Slot()
-    _named_at_the_starting_timeout(slot)
+    n = _named_at_the_starting_timeout(slot)
     held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
-    assert len(held) == 2, held  # once an incarnation held
+    assert len(held) == n - 1, held  # once an incarnation held
     slot.incarnation()  # the named one replaced: its successor is held afresh
     assert len(slot.hangs()) == 1
     assert "replica group 2 rank(s) [4, 5] have not finished a step" in held[0]
@@ -190,3 +193,14 @@ def test_a_loop_restarted_slower_than_the_starting_timeout_is_named():
     ((at, f),) = slot.hangs()
     assert f.replica_id == new and at - first >= STARTING_S and at - since < 2 * SWEEP_S + 1.0
     assert f.evidence["held_s"] >= STARTING_S > f.evidence["stalled_s"]
+
+
+@pytest.mark.parametrize("gap_s", [10.0, 20.0])
+def test_a_restarts_gap_holds_nobody(gap_s):
+    """The slot's hold sums the time its incarnations held the others, not the wall time since
+    the first: after a hung one and a long restart, a healthy first step compiling under
+    --starting-timeout is not named however long ago the first one began."""
+    slot = _Slot()
+    slot.incarnation(gap_s=gap_s)  # hung, not named, exits; restarted gap_s later
+    slot.incarnation(compile_s=STARTING_S - 8.0)
+    assert slot.hangs() == []

@@ -110,18 +110,21 @@ class Hang:
         if not untimed(gv):
             self._first_held.pop(g, None)
             return threshold, {}
-        start, last, was, n, named, cut, own = self._first_held.get(g) or (
-            now, now, None, 0, False, 0.0, 0.0)
+        # held: the seconds the slot's incarnations held the others, summed (acc: the earlier
+        # ones'; own: this one's), not wall time: a restart's gap holds nobody
+        last, was, n, named, acc, cut, own = self._first_held.get(g) or (
+            now, None, 0, False, 0.0, 0.0, 0.0)
         if now - last > max(self.cfg.starting_timeout_s, HOLD_GAP_S) or (
                 named and ids != was and any(i in evicted for i in was)):
-            start, n, named, cut, own = now, 0, False, 0.0, 0.0  # held nobody, or named, evicted
+            n, named, acc, cut, own = 0, False, 0.0, 0.0, 0.0  # held nobody, or named, evicted
         elif ids != was:
-            cut, own = max(cut, own), 0.0
+            acc, cut, own = acc + own, max(cut, own), 0.0
         elif not named and cut and longest > cut + now - last:
-            start, n, cut = now, 1, 0.0  # waited for past the earlier ones' cut, by over a sweep
-        start, n = min(start, now - longest), n + (ids != was)
-        held, named = now - start, named or now - start >= threshold
-        self._first_held[g] = (start, now, ids, n, named, cut, max(own, longest))
+            n, acc, cut = 1, 0.0, 0.0  # waited for past the earlier ones' cut, by over a sweep
+        n, own = n + (ids != was), max(own, longest)
+        held = acc + own
+        named = named or held >= threshold
+        self._first_held[g] = (now, ids, n, named, acc, cut, own)
         if named:
             return threshold, {"held_s": round(held, 3), "incarnations": n} \
                 if held > longest + 1.0 else {}
