@@ -3,8 +3,8 @@ which it fires and stays silent (rendered by dashboards/rules.py)."""
 
 from __future__ import annotations
 
-from .promql import RANK_HEALS, RANK_HEALS_EXPR
-from .rule_model import M2, NEVER_SWEPT, RESTARTED, Alert, Case, M, Record, W, _worker, grown
+from .promql import RANK_HEALS, RANK_HEALS_EXPR, live
+from .rule_model import M2, NEVER_SWEPT, RESTARTED, Alert, Case, M, Record, W, _worker, blip, grown
 
 RECORDS = [
     Record("lightkeeper:replica_group_step_seconds:mean1m",
@@ -12,12 +12,13 @@ RECORDS = [
            "  / sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_count[1m]))"),
     # A straggler is the group the others wait for: its compute a step (step time less the
     # waits) stands out, while every group's step time stretches alike (docs/dashboards.md).
-    # Live series only: a restarted rank's old series, stale, keeps its last steps in the window.
+    # Live series only: a restarted rank's old series, stale, keeps its last steps in the window;
+    # a failed scrape's staleness marker must not drop a group (that resets the alert's for).
     Record("lightkeeper:replica_group_compute_seconds:max1m",
            "max by (job, replica_group) (\n"
            "  rate(lightkeeper_step_compute_seconds_sum[1m])\n"
            "  / rate(lightkeeper_step_compute_seconds_count[1m])\n"
-           "  and lightkeeper_step_compute_seconds_count)"),
+           f"  and {live('lightkeeper_step_compute_seconds_count')})"),
     Record("lightkeeper:replica_group_compute_seconds:relative1m",
            "lightkeeper:replica_group_compute_seconds:max1m\n"
            "  / on (job) group_left\n"
@@ -126,8 +127,15 @@ ALERTS = [
               + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", "0+1x20")
                  for g in range(3)],
               "4m"),
+         # at 3m45s: rule groups run apart, so the alert may read the 3m15s record (the old
+         # series live until 30 s after its last sample); 3m30s's record is checked alone
          Case("group 1 evicted and restarted at pace: its old rank's last slow steps",
-              RESTARTED, "3m30s")]),
+              RESTARTED, "3m45s"),
+         # a failed scrape must not drop a group for an evaluation (resetting the for)
+         Case("group 2 computes 2x, its rank's scrape failed once at 3m", blip(2, 2), "4m",
+              [{"job": "train", "replica_group": "2"}]),
+         Case("group 2 computes 2x, group 0's rank's scrape failed once at 3m", blip(2, 0),
+              "4m", [{"job": "train", "replica_group": "2"}])]),
     Alert(
         "LightkeeperJobNoProgress",
         # every rank stopped: the job ended; every rank starting (before its first quorum,

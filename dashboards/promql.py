@@ -23,14 +23,6 @@ RI = "$__rate_interval"
 STEP = "$__interval"
 
 
-# each group's slowest rank's compute a step (as the straggler alert's recording rule), live
-# series only: a restarted rank's old series' last steps stay in the rate's window
-GROUP_COMPUTE = (f"max by (job, replica_group) "
-                 f"(rate(lightkeeper_step_compute_seconds_sum{{{J}}}[{RI}]) "
-                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]) "
-                 f"and lightkeeper_step_compute_seconds_count{{{J}}})")
-
-
 def new_series(m: str, window: str, seconds: str) -> str:
     """The series of monitor counter selector ``m`` that are new within ``window`` (``seconds``
     long; one Grafana step), each with how much it counts: they appear already at 1, so a
@@ -56,6 +48,21 @@ def new_series(m: str, window: str, seconds: str) -> str:
 # recording rules' interval (dashboards/rules.py), which RANK_HEALS's offset must equal.
 SCRAPE = "15s"
 SCRAPE_S = 15
+
+
+def live(selector: str) -> str:
+    """``selector``'s series scraped within two scrape intervals: one failed scrape (its
+    staleness marker) keeps a series in; a rank gone (stale) is out once its last sample is
+    that old."""
+    return f"last_over_time({selector}[{2 * SCRAPE_S}s])"
+
+
+# each group's slowest rank's compute a step (as the straggler alert's recording rule), live
+# series only: a restarted rank's old series' last steps stay in the rate's window
+GROUP_COMPUTE = (f"max by (job, replica_group) "
+                 f"(rate(lightkeeper_step_compute_seconds_sum{{{J}}}[{RI}]) "
+                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]) "
+                 f"and {live(f'lightkeeper_step_compute_seconds_count{{{J}}}')})")
 
 # Each rank's heals in the evaluation interval before the previous evaluation, recorded every
 # SCRAPE. A rank heals within a second of its start, before its first scrape (file_sd), so its

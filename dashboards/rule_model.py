@@ -81,3 +81,15 @@ RESTARTED = (
     + [(f"{_C}_count{{{_worker(1)}}}", "0+10x11 stale"),
        (f"{_C}_sum{{{_worker(1)}}}", "0+1x3 6+3x7 stale"),
        (f"{_C}_count{{{_W1B}}}", "_x13 0+10x16"), (f"{_C}_sum{{{_W1B}}}", "_x13 0+1x16")])
+
+
+def blip(slow: int, missed: int) -> list[tuple[str, str]]:
+    """Groups 0-2, a rank each, 10 steps a scrape; group ``slow`` computes 0.2 s a step (2x the
+    median; 1.5x the two others'), the others 0.1 s; group ``missed``'s rank misses its scrape
+    at 3m (a staleness marker)."""
+    out = []
+    for g in range(3):
+        for m, v in (("count", 10), ("sum", 2 if g == slow else 1)):
+            values = f"0+{v}x11 stale {13 * v}+{v}x8" if g == missed else f"0+{v}x21"
+            out.append((f"{_C}_{m}{{{_worker(g)}}}", values))
+    return out
