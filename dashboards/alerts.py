@@ -6,6 +6,9 @@ from __future__ import annotations
 from .promql import RANK_HEALS, RANK_HEALS_EXPR, live
 from .rule_model import M2, NEVER_SWEPT, RESTARTED, Alert, Case, M, Record, W, _worker, blip, grown
 
+_STUCK = "lightkeeper_monitor_replica_group_stuck_starting"
+_IN_Q = "lightkeeper_monitor_replica_group_in_quorum"
+
 RECORDS = [
     Record("lightkeeper:replica_group_step_seconds:mean1m",
            "sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_sum[1m]))\n"
@@ -356,17 +359,16 @@ ALERTS = [
                (f'lightkeeper_phase{{{_worker(1)}, phase="allreduce"}}', "0x20")], "4m")]),
     Alert(
         "LightkeeperReplicaGroupOutOfQuorum",
-        # stuck_starting (no group label): out of the quorum for --starting-timeout already; a
-        # replaced or gone group closes it (a normal eviction); every group starting: no page
-        "(max by (job, replica_group) (lightkeeper_monitor_replica_group_in_quorum) == 0)\n"
-        "and on (job)\n"
-        '(max by (job) (lightkeeper_monitor_open_findings{kind="stuck_starting"}) > 0)\n'
+        # stuck_starting: out of the quorum for --starting-timeout already; a replaced or gone
+        # group closes it (a normal eviction); every group starting: no page. Not in_quorum 0:
+        # a dead or unreachable group is out too, and one never in a quorum is not verified
+        "(max by (job, replica_group) (lightkeeper_monitor_replica_group_stuck_starting) == 1)\n"
         "and on (job)\n"
         "(max by (job) (lightkeeper_monitor_replica_group_in_quorum) == 1)", "5m", "warning",
         "Replica group {{ $labels.replica_group }} of job {{ $labels.job }} stays out of quorum",
-        "The monitor's stuck_starting finding has been open for 5 minutes while replica group "
-        "{{ $labels.replica_group }} is out of the quorum and other groups train: it has stayed "
-        "out for --starting-timeout (300 s by default) and more, hung past the others' "
+        "The monitor's stuck_starting finding on replica group {{ $labels.replica_group }} has "
+        "been open for 5 minutes while other groups train: the group has stayed out of the "
+        "quorum for --starting-timeout (300 s by default) and more, hung past the others' "
         "process-group timeout (torchft went on without it) or never in a first quorum, and "
         "nothing ended it (dry run, stuck_starting not in --evict-on, a held eviction, no "
         "--rank-exit-token). It trains nothing and holds its hosts.",
@@ -376,23 +378,30 @@ ALERTS = [
         "its ranks (POST /v1/evict with --rank-exit-token set, or by hand) so the scheduler "
         "restarts it and it heals from a peer.",
         [Case("group 1 left out for 8 minutes, group 0 training, group 2 back after 2 minutes",
-              [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}', "0 1x40"),
-               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="0"}}', "1x40"),
-               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="1"}}',
-                "0x40"),
-               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="2"}}',
-                "0x8 1x32")], "8m", [{"job": "train", "replica_group": "1"}]),
+              [(f'{_STUCK}{{{M}, replica_group="1"}}', "0 1x40"),
+               (f'{_STUCK}{{{M}, replica_group="2"}}', "0x40"),
+               (f'{_IN_Q}{{{M}, replica_group="0"}}', "1x40"),
+               (f'{_IN_Q}{{{M}, replica_group="1"}}', "0x40"),
+               (f'{_IN_Q}{{{M}, replica_group="2"}}', "0x8 1x32")], "8m",
+              [{"job": "train", "replica_group": "1"}]),
+         # group 2 dead (static targets keep it listed) or unreachable: another alert's
+         Case("group 1 stuck_starting, group 2 out of the quorum for another reason",
+              [(f'{_STUCK}{{{M}, replica_group="1"}}', "0 1x40"),
+               (f'{_STUCK}{{{M}, replica_group="2"}}', "0x40"),
+               (f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}', "0 1x40"),
+               (f'lightkeeper_monitor_open_findings{{{M}, kind="dead"}}', "0 1x40"),
+               (f'{_IN_Q}{{{M}, replica_group="0"}}', "1x40"),
+               (f'{_IN_Q}{{{M}, replica_group="1"}}', "0x40"),
+               (f'{_IN_Q}{{{M}, replica_group="2"}}', "0x40")], "8m",
+              [{"job": "train", "replica_group": "1"}]),
          Case("group 1 evicted and replaced 2 minutes after its finding",
-              [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}',
-                "0 1x8 0x31"),
-               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="0"}}', "1x40"),
-               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="1"}}',
-                "0x12 1x28")], "8m"),
+              [(f'{_STUCK}{{{M}, replica_group="1"}}', "0 1x8 0x31"),
+               (f'{_IN_Q}{{{M}, replica_group="0"}}', "1x40"),
+               (f'{_IN_Q}{{{M}, replica_group="1"}}', "0x12 1x28")], "8m"),
          Case("every group still starting (no quorum yet)",
-              [(f'lightkeeper_monitor_open_findings{{{M}, kind="stuck_starting"}}', "0 1x40"),
-               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="0"}}', "0x40"),
-               (f'lightkeeper_monitor_replica_group_in_quorum{{{M}, replica_group="1"}}',
-                "0x40")], "8m")]),
+              [(f'{_STUCK}{{{M}, replica_group="1"}}', "0 1x40"),
+               (f'{_IN_Q}{{{M}, replica_group="0"}}', "0x40"),
+               (f'{_IN_Q}{{{M}, replica_group="1"}}', "0x40")], "8m")]),
     Alert(
         "LightkeeperHostQuarantined",
         'max by (job, host, node) (lightkeeper_monitor_host_quarantine_state{state="quarantined"})'

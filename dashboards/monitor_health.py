@@ -8,6 +8,12 @@ from .common import IN_QUORUM, LINKS, TAG, UID_MONITOR, job_variable
 from .panels import Layout, stat, table, target, targets, timeseries
 from .promql import RI, J, active_sum, events, step_events, step_growth
 
+# per group 1 in the quorum, 0 out, -1 stuck starting (one never in a quorum has no in_quorum)
+_STUCK = f"max by (replica_group) (lightkeeper_monitor_replica_group_stuck_starting{{{J}}})"
+IN_QUORUM_OR_STUCK = (f"max by (replica_group) (lightkeeper_monitor_replica_group_in_quorum{{{J}}})"
+                      f" unless on (replica_group) ({_STUCK} == 1) or -{_STUCK} == -1")
+STUCK = P.value_mappings({"-1": ("stuck starting", "dark-red")})
+
 
 def monitor_health() -> dict:
     L = Layout()
@@ -136,10 +142,11 @@ def monitor_health() -> dict:
     L.row("Replica groups as the monitor sees them")
     L.add(P.state_timeline(
         "Replica groups in the quorum (monitor)",
-        "From the Lighthouse's view, including groups whose ranks are gone.",
-        [target(f"max by (replica_group) "
-                f"(lightkeeper_monitor_replica_group_in_quorum{{{J}}})", "group {{replica_group}}")],
-        mappings=IN_QUORUM, thresholds_=P.thresholds((None, "red"), (1, "green"))), 12, 7)
+        "From the Lighthouse's view, including groups whose ranks are gone; stuck starting: "
+        "the monitor's stuck_starting finding names it (LightkeeperReplicaGroupOutOfQuorum).",
+        [target(IN_QUORUM_OR_STUCK, "group {{replica_group}}")],
+        mappings=IN_QUORUM + STUCK,
+        thresholds_=P.thresholds((None, "red"), (1, "green"))), 12, 7)
     L.add(timeseries(
         "Arrival lag at the cross-group allreduce",
         "How long the other replica groups wait for each group at the cross-group step (median "

@@ -316,3 +316,21 @@ def test_a_leader_standing_by_for_its_shard_shows_the_kills_it_sends(tmp_path):
         ("panel 'Findings and evictions' B", _one(1, replica_group="2")),
         ("panel 'Evictions by replica group' A", _one(1, replica_group="2")),
     )])
+
+
+def test_groups_in_the_quorum_show_a_stuck_starting_group_whatever_its_shard(tmp_path):
+    """Two shards: group 0 in the quorum, group 1 out and named stuck_starting, group 2 out
+    (dead, say), group 3 stuck before any quorum (unverified: no in_quorum series): 1, -1
+    ("stuck starting"), 0, -1."""
+    mon = 'job="train", lightkeeper_component="monitor"'
+    series = [{"series": f'lightkeeper_monitor_replica_group_{name}{{{mon}, instance="{i}", '
+                         f'replica_group="{g}"}}', "values": f"{v}x20"}
+              for i, name, g, v in (("a:1", "in_quorum", 0, 1), ("a:1", "in_quorum", 1, 0),
+                                    ("a:1", "stuck_starting", 0, 0),
+                                    ("a:1", "stuck_starting", 1, 1),
+                                    ("b:1", "in_quorum", 2, 0), ("b:1", "stuck_starting", 2, 0),
+                                    ("b:1", "stuck_starting", 3, 1))]
+    _check(tmp_path, series, [{
+        "expr": _query("panel 'Replica groups in the quorum (monitor)' A"), "eval_time": "2m",
+        "exp_samples": [{"labels": f'{{replica_group="{g}"}}', "value": v}
+                        for g, v in ((0, 1), (1, -1), (2, 0), (3, -1))]}])

@@ -18,6 +18,8 @@ from monitor.poll.discovery import Target
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
 from tests.support.monitor_sim import rank_state
+from tests.test_monitor_detectors import T0 as DT0
+from tests.test_monitor_stuck_starting import left_out_job
 
 T0 = 1_700_000_000.0
 PREFIX = "lightkeeper_monitor_replica_group_"
@@ -56,6 +58,8 @@ def test_group_series_are_the_last_sweeps_and_vanish_with_their_group():
         ("arrival_lag_seconds", "0"): 0.0, ("arrival_lag_seconds", "2"): 0.4,  # 1: no lag
         ("step", "0"): 7.0, ("step", "1"): 7.0, ("step", "2"): 6.0,
         ("in_quorum", "0"): 1.0, ("in_quorum", "1"): 1.0, ("in_quorum", "2"): 0.0,
+        ("stuck_starting", "0"): 0.0, ("stuck_starting", "1"): 0.0,
+        ("stuck_starting", "2"): 0.0,
         ("goodput_ratio", "0"): 1.0, ("goodput_ratio", "1"): 0.5}
     # the next sweep: group 2 is gone, group 1 moved on; a sweep the ledger did not account
     # keeps the last ratios
@@ -70,6 +74,44 @@ def test_group_series_are_the_last_sweeps_and_vanish_with_their_group():
     # the series are of the view the monitor keeps: dropped, none is shown
     del view, view2
     assert {k for k in _series(m) if k[0] != "goodput_ratio"} == set()
+
+
+def test_stuck_starting_is_1_for_the_group_an_open_finding_names_only():
+    """Group 1 left out of the job's quorums while groups 0 and 2 train: out of the quorum but
+    not yet stuck_starting (--starting-timeout) it reads 0, 1 from the sweep its finding opens,
+    0 again once that finding closes (the group replaced); the others read 0 throughout. The
+    LightkeeperReplicaGroupOutOfQuorum alert pages on it, not on in_quorum 0."""
+    job, det = left_out_job()
+    m = MonitorMetrics("train")
+
+    def sweep(t: float, quorum: int = 4, **group_1) -> dict[tuple[str, str], float]:
+        for r, s in enumerate(job.states):
+            if job.group_of(r) == 1:
+                s.update(group_1)
+            else:
+                s.update(quorum_id=quorum, step=s["step"] + 1, last_step_at=DT0 + t)
+        view = job.view(DT0 + t)
+        det.update(view, None, DT0 + t)
+        publish_sweep(m, view, view, {}, det, True, LighthouseSettingsWatch())
+        return {k: v for k, v in _series(m).items() if k[0] in ("in_quorum", "stuck_starting")}
+
+    for t in range(0, 30, 5):
+        assert sweep(t) == {("in_quorum", "0"): 1.0, ("in_quorum", "1"): 0.0,
+                            ("in_quorum", "2"): 1.0, ("stuck_starting", "0"): 0.0,
+                            ("stuck_starting", "1"): 0.0, ("stuck_starting", "2"): 0.0}, t
+    got = sweep(30)
+    assert [g for (name, g), v in got.items() if name == "stuck_starting" and v] == ["1"]
+    assert _samples_by_kind(m)["stuck_starting"] == 1
+    # replaced: a new incarnation let into the newest quorum
+    got = sweep(35, quorum=6, replica_id="replica_group_1:new", step=7, quorum_id=6)
+    assert {g: v for (name, g), v in got.items() if name == "stuck_starting"} == {
+        "0": 0.0, "1": 0.0, "2": 0.0}
+
+
+def _samples_by_kind(m: MonitorMetrics) -> dict[str, float]:
+    return {s.labels["kind"]: s.value
+            for fam in text_string_to_metric_families(generate_latest(m.registry).decode())
+            for s in fam.samples if s.name == "lightkeeper_monitor_open_findings"}
 
 
 def _samples(m: MonitorMetrics) -> dict[str, float]:

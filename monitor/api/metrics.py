@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -30,6 +30,7 @@ GROUP_SERIES = (  # (name, help) of the per-group gauges, labels job and replica
                             "per-step waits)"),
     ("step", "Committed step of the group"),
     ("in_quorum", "1 when the group takes part in the newest quorum"),
+    ("stuck_starting", "1 while an open stuck_starting finding names the group"),
     ("goodput_ratio", "One replica group slot's goodput / its wall seconds since the ledger "
                       "began"))
 PREFIX = "lightkeeper_monitor_"
@@ -45,6 +46,7 @@ class GroupSeries(Collector):
         self.view_ref: Callable[[], ClusterView | None] = lambda: None
         self.lags: Mapping[int, float | None] = {}
         self.goodput: Mapping[int, float] = {}
+        self.stuck: Collection[int] = ()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {name: GaugeMetricFamily(GROUP_PREFIX + name, doc,
@@ -58,6 +60,9 @@ class GroupSeries(Collector):
                                 ("in_quorum", g in in_quorum)):
                     if v is not None:
                         families[name].add_metric([self.job, str(g)], float(v))
+            # a group stuck before its first quorum is unverified: in the full view only
+            for g in sorted(set(view.groups) | set(self.stuck)):
+                families["stuck_starting"].add_metric([self.job, str(g)], float(g in self.stuck))
         for g, ratio in self.goodput.items():
             families["goodput_ratio"].add_metric([self.job, str(g)], ratio)
         yield from families.values()
@@ -208,10 +213,13 @@ class MonitorMetrics:
         for kind in ("straggler", "hang", "mismatch", "dead"):
             self.open_findings.labels(job, kind).set(0)
 
-    def set_groups(self, view: ClusterView, lags: Mapping[int, float | None]) -> None:
-        """The per-group series from now on; neither argument may change afterwards, and the
-        caller keeps ``view`` (only a weak reference is held)."""
+    def set_groups(self, view: ClusterView, lags: Mapping[int, float | None],
+                   stuck: Collection[int] = ()) -> None:
+        """The per-group series from now on; no argument may change afterwards, and the
+        caller keeps ``view`` (only a weak reference is held). ``stuck``: the groups an open
+        stuck_starting finding names."""
         self.groups.view_ref, self.groups.lags = weakref.ref(view), lags
+        self.groups.stuck = stuck
 
     def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
         """Counts by state, and a series per host that is not ``ok`` or one of whose sinks'
@@ -266,10 +274,12 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
         r = view.ranks.get(url)
         if r is not None and r.reachable is False and r.reason == "bad_response":
             m.poll_errors.labels(job, "bad_response").inc()
-    counts = collections.Counter(f.kind for f in detectors.open_findings())
+    found = detectors.open_findings()
+    counts = collections.Counter(f.kind for f in found)
     for kind in KINDS:
         m.open_findings.labels(job, kind).set(counts.get(kind, 0))
-    m.set_groups(evidence, detectors.last_lags)
+    m.set_groups(evidence, detectors.last_lags,
+                 frozenset(f.replica_group for f in found if f.kind == "stuck_starting"))
     # no verified rank says a quorum: no series, not the last one seen (a panel shows the gap)
     for gauge, value in ((m.quorum_id, evidence.quorum_id),
                          (m.quorum_participants, evidence.quorum_participants())):
