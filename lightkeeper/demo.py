@@ -586,8 +586,9 @@ def print_keep_running(demo: Demo) -> None:
              f"  curl {demo.user_url(demo.monitor_url)}/v1/findings",
              f"  curl {demo.user_url(demo.monitor_url)}/v1/evictions",
              f"  curl {demo.user_url(demo.monitor_url)}/v1/hosts",
-             # the admin token stays in its file: this output is also demo.log's
-             f"  curl -X POST -H \"Authorization: Bearer $(cat {token})\" "
+             # the admin token stays in its file (the header line; curl >= 7.55 reads it, so it
+             # is in no argv either): this output is also demo.log's
+             f"  curl -X POST -H @{token} "
              f"{demo.user_url(demo.monitor_url)}/v1/hosts/<host>/release   # admin token",
              f"  open {demo.user_url(demo.monitor_url)}/   (monitor overview)",
              f"  Lighthouse status: {demo.user_url(demo.cluster.lighthouse_url)}/status"]

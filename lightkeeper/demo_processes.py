@@ -101,11 +101,14 @@ class Processes:
         if self.args.dry_run:
             cmd.append("--dry-run")
         (self.dir / "prometheus" / "file_sd").mkdir(parents=True, exist_ok=True)
-        # the admin token for the user's curl, readable by them alone; removed at the stop
-        fd = os.open(self.admin_token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # one a killed run left keeps its own mode
+        # the admin token's header line for the user's curl (-H @file), readable by them alone;
+        # removed at the stop. Made anew: one a killed run left keeps its mode, and a link put
+        # there would be followed
+        self.admin_token_path.unlink(missing_ok=True)
+        fd = os.open(self.admin_token_path,
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(self.admin_token + "\n")
+            f.write(f"Authorization: Bearer {self.admin_token}\n")
         self.monitor_proc, self.monitor_url = start_monitor_process(
             cmd, out_path, log_path, env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token,
                                           "LIGHTKEEPER_TOKEN": self.admin_token,

@@ -1,13 +1,16 @@
 """The demo's monitor has an admin token, so the runbook's host release works in the demo: the
-token sits in a file only its user reads, the printed curl line reads it from there, the ranks
-register with a token of their own (never the admin one), and no token is on a command line, in
-the printed text or in demo.log; the file goes with the monitor. A real monitor, started as the
-demo starts it; the whole demo's run with it is tests/test_demo_e2e.py's."""
+token's header line sits in a file only its user reads (made anew at each start, never through
+a link planted there), the printed curl line has curl read it from there (-H @file: not in
+curl's argv either), the ranks register with a token of their own (never the admin one), and no
+token is on a command line, in the printed text or in demo.log; the file goes with the monitor.
+A real monitor, started as the demo starts it; the whole demo's run with it is
+tests/test_demo_e2e.py's."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,8 +29,13 @@ def test_the_demos_monitor_releases_a_host_with_the_token_the_printed_line_reads
     demo._log = open(demo.dir / "demo.log", "a")
     demo.cluster.lighthouse_url = f"http://127.0.0.1:{free_port()}"  # none: it only reports
     tokens = (demo.admin_token, demo.register_token, demo.exit_token, demo.token)
+    # what a killed run, or another user, left where the file goes: a link to someone's file
+    victim, path = tmp_path / "victim", demo.dir / "monitor-admin-token"
+    victim.write_text("theirs\n")
+    path.symlink_to(victim)
     try:
         demo.start_monitor()
+        assert victim.read_text() == "theirs\n" and not path.is_symlink()
         mon = demo.monitor_url
         argv = Path(f"/proc/{demo.monitor_proc.pid}/cmdline").read_bytes().decode()
         assert not [t for t in tokens if t in argv], argv
@@ -35,16 +43,25 @@ def test_the_demos_monitor_releases_a_host_with_the_token_the_printed_line_reads
         print_keep_running(demo)
         printed = capsys.readouterr().out
         (line,) = [ln for ln in printed.splitlines() if "/release" in ln]
-        path = demo.dir / "monitor-admin-token"
-        assert f"$(cat {path})" in line and f"{mon}/v1/hosts/<host>/release" in line, line
+        assert f"-H @{path} " in line and f"{mon}/v1/hosts/<host>/release" in line, line
         assert os.stat(path).st_mode & 0o777 == 0o600
-        # the printed line, run by a shell as the user would: the monitor took the token (the
-        # ledger knows no such host: 404, not 403 "state changes are disabled" nor 401)
+        # the printed line, run by a shell as the user would, through a curl that records its
+        # argv (what ps shows): the monitor took the token (the ledger knows no such host: 404,
+        # not 403 "state changes are disabled" nor 401), and no argv held it
+        stub = tmp_path / "bin"
+        stub.mkdir()
+        (stub / "curl").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {tmp_path}/argv\n'
+                                   f'exec {shutil.which("curl")} "$@"\n')
+        (stub / "curl").chmod(0o755)
+        env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"}
         cmd = line.split("#")[0].strip().replace("<host>", "node-9")
-        cmd = re.sub(r"^curl ", "curl -s -o /dev/null -w '%{http_code}' ", cmd)
-        out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30)
-        assert out.stdout == "404", (cmd, out.stdout, out.stderr)
-        assert requests.post(f"{mon}/v1/hosts/node-9/release", timeout=5).status_code == 401
+        for run, status in ((cmd, "404"), (re.sub(r" -H \S+", "", cmd), "401")):
+            run = re.sub(r"^curl ", "curl -s -o /dev/null -w '%{http_code}' ", run)
+            out = subprocess.run(["bash", "-c", run], capture_output=True, text=True,
+                                 timeout=30, env=env)
+            assert out.stdout == status, (run, out.stdout, out.stderr)
+        argv = (tmp_path / "argv").read_text()
+        assert "/release" in argv and demo.admin_token not in argv, argv
 
         # the ranks hold a registration token, not the admin one, and it admits them
         env = demo.cluster.extra_env
