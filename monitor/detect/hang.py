@@ -83,8 +83,8 @@ class Hang:
         self._longest: tuple[float, float] | None = None  # (now, seconds)
         self._saving: dict[int, float] = {}  # group -> start of the save last said held
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by rank, noted as its group changes
-        # untimed group -> (held since, last held, replica ids, incarnations, named, the earlier
-        # incarnations' longest wait, this one's)
+        # untimed group -> (last held, replica ids, incarnations, named, the earlier
+        # incarnations' waits summed, their longest, this one's longest)
         self._first_held: dict[int, tuple] = {}
 
     def threshold(self, view: ClusterView) -> float:
