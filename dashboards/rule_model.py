@@ -1,5 +1,5 @@
 """The shapes of Lightkeeper's Prometheus rules (records, alerts, their promtool cases) and the
-series helpers the alerts' cases are written with (dashboards/alerts.py)."""
+series helpers the alerts' cases are written with (dashboards/alert_cases.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prometheus recording and alerting rules for Lightkeeper, with their promtool unit tests.
 
-The rules are data in ``alerts.py``; ``render_rules()`` writes
+The rules are data in ``alerts.py``, their cases in ``alert_cases.py``; ``render_rules()`` writes
 ``dashboards/prometheus/rules.yml`` and ``render_rules_test()`` writes ``rules_test.yml``
 (``promtool test rules``), whose expected alert annotations are rendered from the same
 templates, so the two cannot drift. Each alert has at
