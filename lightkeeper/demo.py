@@ -21,8 +21,9 @@ ranks' servers) and there are ``--spare-hosts``; the monitor quarantines a bad h
 supervisor restarts its group on a host that is not quarantined (``HostPool``, reading the
 monitor's ``GET /v1/hosts``), or lets it wait when none is free. See docs/demo.md.
 
-This module is the command: its options and their checks, the lock, the hosts built and the
-run told top to bottom (:func:`run`, :func:`_run`). The running demo is
+This module is the command: the lock, the hosts built and the run told top to bottom
+(:func:`run`, :func:`_run`); its options and their checks are in :mod:`lightkeeper.demo_options`,
+``--report-dir``'s in :mod:`lightkeeper.demo_reportdir`. The running demo is
 :class:`~lightkeeper.demo_loop.Demo`: its loop in :mod:`lightkeeper.demo_loop`, its parts in
 :mod:`lightkeeper.demo_processes`, :mod:`lightkeeper.demo_sampling`,
 :mod:`lightkeeper.demo_supervisor` and :mod:`lightkeeper.demo_stories`.
@@ -37,178 +38,28 @@ import os
 import secrets
 import shlex
 import signal
-import stat
 import sys
 import tempfile
 from pathlib import Path
 
 from .demo_loop import Demo, Stop
+from .demo_options import (
+    LINK_KINDS,
+    LINK_MIN_GROUPS,
+    add_arguments,
+    bad_numbers,
+    check_plans,
+    quarantine_off,
+)
 from .demo_output import mute, reader_gone, say
+from .demo_reportdir import check_report_dir, make_report_dir
 from .scenario import Scenario, Schedule, default_faults, parse_inject, soak_faults
+
+__all__ = ["add_arguments", "run"]  # the command, as lightkeeper/cli.py runs it
 
 LOCK_NAME = "lightkeeper-demo.lock"
 MAX_LOOPBACK_HOSTS = 250  # 127.0.0.2..127.0.0.251
 LEDGER_WAIT_S = Scenario.ledger_wait_s  # the default wait for the ledger's back-at-pace verdicts
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--groups", type=int, default=3, help="replica groups (default 3)")
-    p.add_argument("--ranks-per-group", type=int, default=2,
-                   help="ranks per group (default 2; FSDP inside the group, torchrun)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="committed steps each group trains; the demo ends when all are done "
-                        "(default: unbounded, the scenario decides)")
-    p.add_argument("--duration", type=float, default=None,
-                   help="stop after this many seconds of training (default: when the scenario "
-                        "ends; 60 s with --no-faults)")
-    p.add_argument("--inject", action="append", default=[], metavar="GROUP[.RANK]:SPEC",
-                   help="give SPEC (as the trainer's --inject, e.g. 1:slow:delay=0.5,"
-                        "from_step=40) to GROUP from its start, on every rank or on RANK only "
-                        "(1.1:slow_compute:factor=3,from_step=30); repeatable; replaces the "
-                        "default scenario")
-    p.add_argument("--no-faults", action="store_true", help="run the job healthy")
-    p.add_argument("--dry-run", action="store_true",
-                   help="the monitor detects and reports but never evicts (nor quarantines)")
-    p.add_argument("--report-dir", default=None,
-                   help="report and logs (default: a new directory under the system temp dir)")
-    p.add_argument("--keep-running", action="store_true",
-                   help="after the scenario, leave everything up (Ctrl-C or SIGTERM stops "
-                        "it and every process the demo started)")
-    p.add_argument("--no-prometheus", action="store_true", help="do not start Prometheus")
-    p.add_argument("--spare-hosts", type=int, default=2,
-                   help="hosts beyond one per group, for a group whose host is quarantined "
-                        "(default 2: each of the default story's two faulty hosts can be "
-                        "replaced; docs/demo.md)")
-    p.add_argument("--hosts", choices=("auto", "netns", "loopback"), default="auto",
-                   help="what a host is: a network namespace of its own on a bridge (netns: "
-                        "needs root and iproute2; network faults need it), a loopback address "
-                        "(loopback), or netns where it can be built (auto, the default)")
-    p.add_argument("--one-host", action="store_true",
-                   help="run every group on this machine as it is (no NODE_NAME, 127.0.0.1): "
-                        "no other host to move to, so host quarantine is off")
-    p.add_argument("--no-quarantine", action="store_true",
-                   help="the monitor never quarantines a host (evictions only)")
-    p.add_argument("--quarantine-dry-run", action="store_true",
-                   help="the monitor decides quarantines and logs them, carries none out")
-    p.add_argument("--soak", type=float, default=None, metavar="SECONDS",
-                   help="a soak: random faults of every kind, one at a time, for SECONDS of "
-                        "training, the monitor restarted half-way; writes soak.json "
-                        "(lightkeeper/soak.py, docs/demo.md)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="the soak's schedule seed (default: a random one, printed)")
-    p.add_argument("--cold-restarts", action="store_true",
-                   help="restart an evicted group from scratch (default: from a warm spare the "
-                        "supervisor started ahead, already imported; docs/demo.md)")
-    # stage timings (tests and impatient people); see lightkeeper/scenario.py
-    s = Scenario()
-    for flag, attr in TIMING_FLAGS:
-        p.add_argument(flag, dest=attr, type=float, default=getattr(s, attr),
-                       help=argparse.SUPPRESS)
-    for flag, attr in LIGHTHOUSE_FLAGS:
-        p.add_argument(flag, dest=attr, type=int, default=getattr(s, attr),
-                       help=argparse.SUPPRESS)
-
-
-TIMING_FLAGS = (("--healthy-s", "healthy_s"), ("--end-s", "end_s"),
-                ("--ledger-wait", "ledger_wait_s"),
-                ("--slow-delay", "slow_delay_s"), ("--strike-timeout", "strike_timeout_s"),
-                ("--detect-timeout", "detect_timeout_s"), ("--evict-timeout", "evict_timeout_s"),
-                ("--rejoin-timeout", "rejoin_timeout_s"), ("--step-pause", "step_pause_s"),
-                ("--hang-floor", "hang_floor_s"), ("--pg-timeout", "pg_timeout_s"))
-# the Lighthouse's timeouts (the recovery study, docs/demo.md and docs/lighthouse.md)
-LIGHTHOUSE_FLAGS = (("--heartbeat-timeout-ms", "heartbeat_timeout_ms"),
-                    ("--join-timeout-ms", "join_timeout_ms"))
-
-
-def _bad_numbers(args: argparse.Namespace) -> str | None:
-    """The first flag whose number cannot run a demo, said with its bound."""
-    checks = [("--groups", args.groups, 2), ("--ranks-per-group", args.ranks_per_group, 1),
-              ("--steps", args.steps, 1)]
-    for flag, value, least in checks:
-        if value is not None and value < least:
-            return f"{flag} must be >= {least}, got {value}"
-    if args.duration is not None and not 0 < args.duration < float("inf"):
-        return f"--duration must be a number of seconds > 0, got {args.duration:g}"
-    for flag, attr in TIMING_FLAGS + LIGHTHOUSE_FLAGS:
-        value = getattr(args, attr)
-        if not 0 <= value < float("inf"):  # NaN too
-            return f"{flag} must be a number >= 0, got {value:g}"
-    return None
-
-
-def _report_dir(given: str | None) -> Path | None:
-    """``--report-dir`` as a path the demo can create or write, or ValueError saying why not;
-    nothing is created yet. One that holds a run already is refused: its monitor would reopen
-    that run's audit log and quarantines."""
-    if given is None:
-        return None
-    path = Path(given).resolve()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{given}: not a directory")
-    held = [n for n in ("report.json", "monitor.sqlite") if (path / n).exists()]
-    if held:
-        raise ValueError(f"{given}: holds a run already ({', '.join(held)}); give a new or "
-                         "empty directory")
-    base = next(p for p in (path, *path.parents) if p.exists())
-    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):  # EROFS too
-        raise ValueError(f"{given}: cannot write in {base}")
-    _check_parents(path, given)
-    if path.exists():
-        _check_owner(path.stat(), given)
-    return path
-
-
-def _check_owner(st: os.stat_result, given: str | Path) -> None:
-    """As root, ValueError unless ``st`` is a directory root owns that no one else may write in:
-    root's spare hosts read what to run from files in it."""
-    if os.geteuid() == 0 and (not stat.S_ISDIR(st.st_mode) or st.st_uid != 0
-                              or st.st_mode & 0o022):
-        raise ValueError(f"{given}: a directory another user owns or may write in; as root "
-                         "the demo runs what it reads there: give one of root's")
-
-
-def _check_parents(path: Path, given: str | Path) -> None:
-    """As root, ValueError naming the first directory above ``path`` (those that exist, up to
-    /) that root, or the user who ran sudo, does not own, or that others may write in without
-    the sticky bit (/tmp has it): whoever may could move ``path`` away and put their own
-    directory or a link in its place."""
-    if os.geteuid() != 0:
-        return
-    sudo = os.environ.get("SUDO_UID", "")
-    ours = {0, int(sudo)} if sudo.isdigit() else {0}  # `sudo ... --report-dir ~/x` works
-    for parent in path.parents:
-        try:
-            st = parent.lstat()  # ``path`` is resolved: a link here was put in since
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # made by the demo, root's
-        if not stat.S_ISDIR(st.st_mode):
-            why = "is no directory (a link?)"
-        elif st.st_uid not in ours:
-            why = f"is owned by another user (uid {st.st_uid})"
-        elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            why = "may be written in by group or others (and has no sticky bit)"
-        else:
-            continue
-        raise ValueError(f"{given}: {parent} {why}; as root the demo runs what it reads in "
-                         "the report directory: give one under directories only root"
-                         + (" or you" if len(ours) > 1 else "") + " may change")
-
-
-def _make_report_dir(path: Path) -> None:
-    """Create ``--report-dir`` (0o700), or take the one there, and look at it again: since
-    :func:`_report_dir` looked, another user may have made it or put a link in its place.
-    ValueError (as root) when what is there now is not root's own directory, or lies under a
-    directory :func:`_check_parents` refuses."""
-    # a parent missing at the check may be another user's (or a link) now: make nothing in it
-    _check_parents(path, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    st = path.lstat()  # a link is not followed: it is refused
-    if not stat.S_ISDIR(st.st_mode):
-        raise ValueError(f"{path}: not a directory")
-    _check_owner(st, path)
-    _check_parents(path, path)  # and again: it may have appeared meanwhile
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,7 +110,7 @@ def missing_trainer_packages() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    bad = _bad_numbers(args)
+    bad = bad_numbers(args)
     if bad:
         print(f"lightkeeper demo: {bad}", file=sys.stderr)
         return 2
@@ -290,12 +141,12 @@ def run(args: argparse.Namespace) -> int:
         print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
               "--inject, no --no-faults)", file=sys.stderr)
         return 2
-    refused, note = _check_plans(args, plans)
+    refused, note = check_plans(args, plans)
     if refused:
         print(f"lightkeeper demo: {refused}", file=sys.stderr)
         return 2
     try:  # before the lock and the hosts: a run never starts without a place for its report
-        report_dir = _report_dir(args.report_dir)
+        report_dir = check_report_dir(args.report_dir)
     except ValueError as e:
         print(f"lightkeeper demo: --report-dir {e}", file=sys.stderr)
         return 2
@@ -312,67 +163,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-
-
-LINK_KINDS = ("partition", "slow_link")  # placed by comparing hosts' links: a bad one
-LINK_MIN_GROUPS = 3  # between two hosts is neither's (monitor/detect/network.py)
-
-
-def baseline_steps() -> int:
-    """Healthy steps ``job_slow`` takes its baseline over at the monitor's defaults (the demo's)."""
-    from monitor.config import DetectorConfig
-
-    cfg = DetectorConfig()
-    return cfg.job_baseline_windows * cfg.straggler_steps
-
-
-def _check_plans(args: argparse.Namespace, plans: list) -> tuple[str | None, str | None]:
-    """(why a fault given by ``--inject`` would never strike, or a network one never be found or
-    healed; a line to say before the run), each None when there is nothing to say."""
-    from trainer.faults import parse_fault
-
-    held = _quarantine_off(args)
-    # --dry-run evicts nothing and its run ends; kept running, its group returns to a broken host
-    kept = " --keep-running" if held == "--dry-run" and args.keep_running else ""
-    faults = [parse_fault(p.spec) for p in plans]
-    network = [f for f in faults if f.network]
-    for f in faults:  # a step the run never reaches: never struck (an at_step, trainers refuse)
-        if args.steps and max(f.at_step, f.from_step) >= args.steps:
-            step = "at_step" if f.at_step >= 0 else "from_step"
-            return (f"--inject {f.spec!r}: {step} is never reached with --steps {args.steps} "
-                    f"(steps 0 to {args.steps - 1})", None)
-    for f in network:
-        if args.one_host or args.hosts == "loopback":
-            why = "not with --one-host" if args.one_host else "not with --hosts loopback"
-            return (f"{f.spec} is a network fault: it needs hosts that are network namespaces "
-                    f"(--hosts netns; {why})", None)
-        if held and (held != "--dry-run" or kept):
-            return (f"{f.spec} is a network fault, and with {held}{kept} its host is never "
-                    "healed (only a quarantined host is): its group would be restarted onto the "
-                    f"broken host again and again; drop {kept.strip() or held} or the fault", None)
-        if f.kind in LINK_KINDS and args.groups < LINK_MIN_GROUPS:
-            return (f"{f.spec} with --groups {args.groups}: the monitor places a bad link among "
-                    f"{LINK_MIN_GROUPS} hosts or more, so it would never be found and its "
-                    f"group never moved off it; give --groups {LINK_MIN_GROUPS} or more", None)
-        if f.kind == "slow_link" and f.from_step < baseline_steps():
-            return (f"{f.spec}: from_step below {baseline_steps()}, the healthy steps job_slow "
-                    "takes its baseline over first: it would never be judged", None)
-    if not held and len(network) > args.spare_hosts:  # --max-quarantined is the spares
-        return (f"{len(network)} network faults with --spare-hosts {args.spare_hosts}: each "
-                "quarantines its host and moves its group to a spare; past the spares the "
-                "quarantine is held and the group restarted onto the broken host; give "
-                f"--spare-hosts {len(network)} or fewer network faults", None)
-    return None, (f"{network[0].spec}: with --dry-run its host is never quarantined nor healed: "
-                  "it stays broken until the run's end" if held and network else None)
-
-
-def _quarantine_off(args: argparse.Namespace) -> str | None:
-    """The flag that keeps the monitor from quarantining a host (None: it quarantines). The
-    demo heals a network fault's host only once it is quarantined, so these runs get none."""
-    # --dry-run first: with it the monitor quarantines nothing whatever the others say
-    return ("--dry-run" if args.dry_run
-            else "--no-quarantine" if args.no_quarantine
-            else "--quarantine-dry-run" if args.quarantine_dry_run else None)
 
 
 def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: dict,
@@ -402,7 +192,7 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
             os.close(lock)
             return 2
     # a network fault's host is healed only once quarantined: none without quarantine
-    held = _quarantine_off(args)
+    held = quarantine_off(args)
     network_ok = fabric is not None and not held
     if fabric is not None and held and not args.no_faults and not plans \
             and (args.soak or args.groups > 2):  # where it would have had one
@@ -412,7 +202,7 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         if args.seed is None:
             args.seed = secrets.randbelow(2**31)
         plans = soak_faults(args.seed, args.groups, args.ranks_per_group, network=network_ok)
-        if args.groups < LINK_MIN_GROUPS:  # never placed (_check_plans): not drawn
+        if args.groups < LINK_MIN_GROUPS:  # never placed (check_plans): not drawn
             drawn = (filter(lambda p: p.kind not in LINK_KINDS, x) for x in (plans, plans.rest))
             plans = Schedule(*drawn)
         print(f"lightkeeper demo: soak of {args.soak:g}s, seed {args.seed} (--seed "
@@ -431,7 +221,7 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old: di
         if report_dir is None:  # made 0o700, root's own when root runs it
             report_dir = Path(tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()
         else:
-            _make_report_dir(report_dir)
+            make_report_dir(report_dir)
         refused = None
     except OSError as e:
         refused = f"{report_dir}: {e.strerror or e}"

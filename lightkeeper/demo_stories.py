@@ -10,6 +10,7 @@ from itertools import chain
 
 import requests
 
+from .demo_options import baseline_steps
 from .faulttrack import Deadlines, FaultTrack, Strike
 from .scenario import FaultPlan
 
@@ -107,8 +108,6 @@ class Stories:
         With one spare free and none held, the cap (the spares) holds no single quarantine. And
         a monitor restarted has taken its job-wide baseline anew (a slow link is judged
         against it), twice over."""
-        from .demo import baseline_steps
-
         view = self.hosts_view or {}
         bad = set(view.get("quarantined") or [])
         for g, grp in sorted(self.cluster.groups.items()):

@@ -192,12 +192,12 @@ def test_the_demos_lock_is_never_taken_through_a_link_or_from_another_user(tmp_p
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the check is root's")
 def test_as_root_a_report_dir_others_may_write_in_is_refused(tmp_path):
     """Root's spare hosts read what to run (environment, arguments) from files there."""
-    from lightkeeper.demo import _report_dir
+    from lightkeeper.demo_reportdir import check_report_dir
 
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     with pytest.raises(ValueError, match="another user owns or may write in"):
-        _report_dir(str(shared))
+        check_report_dir(str(shared))
     shared.chmod(0o755)
-    assert _report_dir(str(shared)) == shared
+    assert check_report_dir(str(shared)) == shared
