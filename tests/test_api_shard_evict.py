@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from monitor.api.app import create_app
 from monitor.config import MonitorConfig, ShardConfig
 from monitor.shard import Shards, shard_of
 from monitor.store import Store
+from tests.support.http_stub import HttpStub
 
 TOKEN = "adm"
 RID = "replica_group_0:x"
@@ -52,27 +49,9 @@ def _evict(mon: _ShardMonitor, replica_group: int = 0):
 @pytest.fixture
 def churning_etcd():
     """An etcd gateway where the proposal always exists when written and is gone when read."""
-    class Churning(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            # a txn that did not succeed (proto3 JSON leaves out the false); a range of no keys
-            body = json.dumps({"header": {}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Churning)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    # a txn that did not succeed (proto3 JSON leaves out the false); a range of no keys
+    with HttpStub({"POST": (200, {"header": {}})}) as etcd:
+        yield etcd.url
 
 
 def test_a_shard_whose_etcd_is_unreachable_answers_503_with_retry_after():

@@ -9,15 +9,14 @@ a page, so the first test's Lighthouse is a fake HTTP server; the monitor is rea
 from __future__ import annotations
 
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
 from lightkeeper.processes import start_monitor_process, stop_process, wait_until
 from monitor.evidence.lighthouse_status import StatusFormatError, parse_status
+from tests.support.http_stub import HttpStub
 from tests.support.monitor_sim import SimRanks
 
 HEAD = ("Current quorum_id: 3 <br><h3>Previous Quorum</h3>Previous quorum id: 3 <br> "
@@ -50,30 +49,14 @@ def test_a_member_block_is_read_as_before():
     assert st.heartbeats == {"g0:a&b": 2.5} and st.stale == {"g0:a&b"}
 
 
-class _Page(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        body = HOSTILE["manager"].encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_the_monitor_sweeps_on_while_the_lighthouse_serves_a_hostile_page(tmp_path):
-    lighthouse = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    serving = threading.Thread(target=lighthouse.serve_forever, daemon=True)
-    serving.start()
+    lighthouse = HttpStub({"GET": (200, HOSTILE["manager"], {"Content-Type": "text/html"})})
     sim = SimRanks.start(1)
     proc = None
     try:
         proc, url = start_monitor_process(
             [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
-             "0.2", "--targets", sim.urls[0], "--lighthouse",
-             f"http://127.0.0.1:{lighthouse.server_address[1]}", "--state",
+             "0.2", "--targets", sim.urls[0], "--lighthouse", lighthouse.url, "--state",
              str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
         wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 3, 15,
                    what="three sweeps")
@@ -84,5 +67,4 @@ def test_the_monitor_sweeps_on_while_the_lighthouse_serves_a_hostile_page(tmp_pa
         if proc is not None:
             stop_process(proc)
         sim.stop()
-        lighthouse.shutdown()
-        lighthouse.server_close()
+        lighthouse.close()

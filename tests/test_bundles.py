@@ -29,6 +29,7 @@ from monitor.evidence.rank import RankView
 from monitor.service import Monitor
 from monitor.store import Store
 from tests.support.frgen import FRJob
+from tests.support.http_stub import HttpStub
 from tests.support.monitor_sim import SimJob, SimRank, SimRanks
 from tests.support.views import scratch_view
 
@@ -216,35 +217,16 @@ def test_a_busy_rank_is_asked_again_until_it_answers_whatever_the_others_do(tmp_
         sim.stop()
 
 
-class _TracebackServer:
+class _TracebackServer(HttpStub):
     """Answers ``POST`` with a traceback's text, as torch's ``dump_traceback`` handler does."""
 
     TEXT = b'Thread 0x00007f (most recent call first):\n  File "job.py", line 9 in <module>\n'
 
+    def __init__(self) -> None:
+        super().__init__({"POST": (200, self.TEXT, {"Content-Type": "text/plain"})})
+
     def __enter__(self) -> str:
-        import http.server
-        import threading
-
-        text = self.TEXT
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(text)))
-                self.end_headers()
-                self.wfile.write(text)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.httpd.server_port}/handler/dump_traceback"
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return f"{self.url}/handler/dump_traceback"
 
 
 def test_torch_only_ranks_keep_torchs_traceback_and_the_monitors_dump(tmp_path):

@@ -8,16 +8,14 @@ these tests never rewrite the checkout's generated files; the copies come from t
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from dashboards import build, render
 from dashboards import cli as dashboards_cli
 from lightkeeper.cli import main
+from tests.support.http_stub import HttpStub
 
 DASHBOARDS = sorted(p.name for p in build.GENERATED_DIR.glob("*.json"))
 
@@ -36,28 +34,12 @@ def serve(answer):
     """An HTTP server on 127.0.0.1 whose GETs are answered by ``answer(path, query)`` ->
     (status, content type, body); yields its base URL."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def get(req):
+        status, ctype, body = answer(req.path, req.query)
+        return status, body, {"Content-Type": ctype}
 
-        def do_GET(self):
-            parts = urlsplit(self.path)
-            status, ctype, body = answer(parts.path, parse_qs(parts.query))
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with HttpStub({"GET": get}) as server:
+        yield server.url
 
 
 def usage_error(argv: list[str], capsys, run=main) -> str:

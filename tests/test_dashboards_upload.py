@@ -9,13 +9,12 @@ status codes and bodies, and records and checks every request: the bearer token,
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from dashboards.build import build_dashboards
 from lightkeeper.cli import main
+from tests.support.http_stub import HttpStub
 
 TOKEN = "glsa_test_token"
 DASHBOARDS = {d["uid"]: d for d in build_dashboards().values()}
@@ -31,48 +30,26 @@ class FakeGrafana:
         self.folders: dict[str, dict] = {}
         self.dashboards: dict[str, dict] = {}  # uid -> saved body
         self.versions: dict[str, int] = {}
-        self.requests: list[tuple[str, str, dict | None]] = []
         self.problems: list[str] = []
         self.forbid = forbid
         self.prefix, self.echo_auth = prefix, echo_auth
-        fake = self
+        self.server = HttpStub({"GET": self.answer, "POST": self.answer})
+        self.url = self.server.url + prefix
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep pytest output clean
-                pass
+    @property
+    def requests(self) -> list[tuple[str, str, dict | None]]:
+        return [(r.method, r.target, _json(r)) for r in self.server.requests]
 
-            def _reply(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                fake.requests.append((method, self.path, body))
-                if fake.echo_auth:
-                    return self._reply(500, {"message": f"bad {self.headers['Authorization']}"})
-                if not self.path.startswith(fake.prefix + "/api/"):
-                    return self._reply(404, {"message": "Not found"})
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    return self._reply(401, {"message": "invalid API key"})
-                if fake.forbid:
-                    return self._reply(403, {"message": "You'll need additional permissions"})
-                status, out = fake.route(method, self.path[len(fake.prefix):], body)
-                self._reply(status, out)
-
-            def do_GET(self):
-                self._handle("GET")
-
-            def do_POST(self):
-                self._handle("POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+    def answer(self, req) -> tuple[int, dict]:
+        if self.echo_auth:
+            return 500, {"message": f"bad {req.headers['Authorization']}"}
+        if not req.target.startswith(self.prefix + "/api/"):
+            return 404, {"message": "Not found"}
+        if req.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return 401, {"message": "invalid API key"}
+        if self.forbid:
+            return 403, {"message": "You'll need additional permissions"}
+        return self.route(req.method, req.target[len(self.prefix):], _json(req))
 
     def route(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
         if method == "GET" and path.startswith("/api/folders/"):
@@ -105,12 +82,14 @@ class FakeGrafana:
         return 404, {"message": "Not found"}
 
     def __enter__(self) -> FakeGrafana:
-        self.thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
+
+
+def _json(req) -> dict | None:
+    return json.loads(req.body) if req.body else None
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
@@ -26,49 +25,12 @@ from monitor.act.sinks import SinkConfigError, build_sink
 from monitor.act.sinks.hooks import SIGNATURE_HEADER, SlurmSink, signature_matches
 from monitor.config import QuarantineConfig
 from tests.conftest import require_binary
+from tests.support.http_stub import HttpStub
 
 EVENT = {"event": "quarantine", "host": "h1", "node": "node-1", "devices": ["cuda:1 GPU-x"],
          "kind": "dead_rank", "reason": "1 dead_rank finding(s)", "job": "j", "at": 1.0,
          "finding": {"id": 7, "kind": "dead_rank", "replica_group": 2}, "action_id": 1,
          "attempt": 1}
-
-
-class Recorder:
-    """A tiny HTTP server on 127.0.0.1: records requests, answers with ``respond(req)``."""
-
-    def __init__(self, respond):
-        self.requests = []
-        rec = self
-
-        class H(BaseHTTPRequestHandler):
-            def _any(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else b""
-                u = urlparse(self.path)
-                req = {"method": self.command, "path": u.path, "query": parse_qs(u.query),
-                       "headers": dict(self.headers), "body": body}
-                rec.requests.append(req)
-                code, out = respond(req)
-                data = json.dumps(out).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PATCH = do_DELETE = _any
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_exec_hook_gets_json_on_stdin_and_a_failure_is_reported(tmp_path):
@@ -150,7 +112,7 @@ def test_a_hooks_error_and_a_webhooks_answer_show_no_token(tmp_path):
     script.write_text(f"#!/bin/sh\ncat <<'EOF' >&2\n{said}\nEOF\nexit 2\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     hook = build_sink(f"exec:{script}").quarantine(EVENT)
-    rx = Recorder(lambda req: (403, {"error": said[:150]}))
+    rx = HttpStub(lambda req: (403, {"error": said[:150]}))
     try:
         answer = build_sink(f"webhook:{rx.url}/h", QuarantineConfig(webhook_secret="k")
                             ).quarantine(EVENT)
@@ -190,19 +152,19 @@ def test_webhook_signature_checked_by_the_receiver_and_errors():
     status = {"code": 204}
 
     def respond(req):
-        ok = signature_matches(secret, req["body"], req["headers"].get(SIGNATURE_HEADER))
+        ok = signature_matches(secret, req.body, req.headers.get(SIGNATURE_HEADER))
         return (status["code"] if ok else 401), {}
 
-    rx = Recorder(respond)
+    rx = HttpStub(respond)
     try:
         sink = build_sink(f"webhook:{rx.url}/hook", QuarantineConfig(webhook_secret=secret))
         res = sink.quarantine(EVENT)
         assert res.ok, res.detail
         req = rx.requests[-1]
-        assert req["method"] == "POST" and req["path"] == "/hook"
-        assert req["headers"]["Content-Type"] == "application/json"
-        assert req["headers"]["X-Lightkeeper-Event"] == "quarantine"
-        assert json.loads(req["body"]) == EVENT
+        assert req.method == "POST" and req.path == "/hook"
+        assert req.headers["Content-Type"] == "application/json"
+        assert req.headers["X-Lightkeeper-Event"] == "quarantine"
+        assert json.loads(req.body) == EVENT
         wrong = build_sink(f"webhook:{rx.url}/hook",
                            QuarantineConfig(webhook_secret="other")).quarantine(EVENT)
         assert not wrong.ok and not wrong.retry and "HTTP 401" in wrong.detail
@@ -221,32 +183,15 @@ def test_webhook_signature_checked_by_the_receiver_and_errors():
 def test_a_webhook_redirect_is_a_failure_never_followed(code):
     """A 302 was followed as an empty GET whose 200 made the action done; a 307 re-sent the
     signed body to wherever it pointed. Neither is followed; retrying cannot help."""
-    got = []
+    def redirect(req):  # to here again: a followed one is seen
+        return (200 if req.path.startswith("/final") else code, b"",
+                {"Location": f"http://u:pw@127.0.0.1:{server.port}/final/s3cr3t?k=v"})
 
-    class Redirect(BaseHTTPRequestHandler):
-        def _any(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            got.append((self.command, self.path))
-            self.send_response(200 if self.path.startswith("/final") else code)
-            port = self.server.server_address[1]  # here again: a followed one is seen
-            self.send_header("Location", f"http://u:pw@127.0.0.1:{port}/final/s3cr3t?k=v")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        do_GET = do_POST = _any
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with HttpStub(redirect) as server:
+        url = server.url
         res = build_sink(f"webhook:{url}/hook", QuarantineConfig(webhook_secret="s")
                          ).quarantine(EVENT)
-    finally:
-        server.shutdown()
-        server.server_close()
+    got = [(r.method, r.target) for r in server.requests]
     assert not res.ok and not res.retry, res
     # the path (maybe the secret, as the sink's name has it), query and credentials not shown
     assert res.detail == (f"HTTP {code}: redirected to {url}/..., not followed; give the final "
@@ -372,15 +317,15 @@ class FakeKubeAPI:
         self.on_status = None  # called at a status write: another writer acting meanwhile
 
     def respond(self, req):
-        key = (req["method"], req["path"])
+        key = (req.method, req.path)
         if key in self.fail:
             code = self.fail[key]
             return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                           "message": f"fake {code}", "reason": "Fake", "code": code}
         meta = self.node["metadata"]
-        if req["path"] == "/api/v1/nodes/node-1":
-            if req["method"] == "PATCH":  # strategic merge: null deletes an annotation
-                body = json.loads(req["body"])
+        if req.path == "/api/v1/nodes/node-1":
+            if req.method == "PATCH":  # strategic merge: null deletes an annotation
+                body = json.loads(req.body)
                 sent = body["metadata"].get("resourceVersion")
                 if sent is not None and sent != meta["resourceVersion"]:  # optimistic lock
                     return 409, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -392,18 +337,18 @@ class FakeKubeAPI:
                 for k, v in (body["metadata"].get("annotations") or {}).items():
                     notes.pop(k) if v is None else notes.update({k: v})
             return 200, self.node
-        if req["path"] == "/api/v1/nodes/node-1/status":
-            if req["method"] == "PATCH":  # a status write is a new version of the node too
+        if req.path == "/api/v1/nodes/node-1/status":
+            if req.method == "PATCH":  # a status write is a new version of the node too
                 meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
                 conds = self.node.setdefault("status", {}).setdefault("conditions", [])
-                for c in json.loads(req["body"])["status"]["conditions"]:  # merged by type
+                for c in json.loads(req.body)["status"]["conditions"]:  # merged by type
                     conds[:] = [x for x in conds if x["type"] != c["type"]] + [c]
                 if self.on_status is not None:
                     self.on_status(self)
             return 200, self.node
-        if req["path"] == "/api/v1/namespaces/train/pods" and req["method"] == "GET":
+        if req.path == "/api/v1/namespaces/train/pods" and req.method == "GET":
             want = dict(kv.split("=", 1) for q in ("labelSelector", "fieldSelector")
-                        for kv in req["query"].get(q, [""])[0].split(",") if kv)
+                        for kv in req.query.get(q, [""])[0].split(",") if kv)
             items = [{"apiVersion": "v1", "kind": "Pod",
                       "metadata": {"name": name, "namespace": "train", "labels": labels},
                       "spec": {"nodeName": node, "containers": []}}
@@ -411,7 +356,7 @@ class FakeKubeAPI:
                      if {**labels, "spec.nodeName": node}.items() >= want.items()]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
                          "items": items}
-        if req["path"].startswith("/api/v1/namespaces/train/pods/"):
+        if req.path.startswith("/api/v1/namespaces/train/pods/"):
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
         return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
                      "message": "not found", "reason": "NotFound"}
@@ -421,7 +366,7 @@ class FakeKubeAPI:
 def kube(tmp_path, monkeypatch):
     pytest.importorskip("lightkube")
     api = FakeKubeAPI()
-    rx = Recorder(api.respond)
+    rx = HttpStub(api.respond)
     cfg = tmp_path / "kubeconfig"
     cfg.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "fake",
@@ -440,7 +385,7 @@ def test_k8s_quarantine_exact_requests(kube):
     res = sink.quarantine(EVENT)
     assert res.ok, res.detail
     assert "deleted 2 pod(s)" in res.detail
-    reqs = [(r["method"], r["path"]) for r in rx.requests]
+    reqs = [(r.method, r.path) for r in rx.requests]
     assert reqs == [("GET", "/api/v1/namespaces/train/pods"),  # the claim checked first
                     ("GET", "/api/v1/nodes/node-1"), ("PATCH", "/api/v1/nodes/node-1"),
                     ("PATCH", "/api/v1/nodes/node-1/status"),
@@ -448,36 +393,36 @@ def test_k8s_quarantine_exact_requests(kube):
                     ("DELETE", "/api/v1/namespaces/train/pods/training-1"),
                     ("DELETE", "/api/v1/namespaces/train/pods/training-2")]
     check, patch, status, pods = rx.requests[0], rx.requests[2], rx.requests[3], rx.requests[4]
-    assert check["query"] == pods["query"]
-    assert patch["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
-    assert json.loads(patch["body"]) == {
+    assert check.query == pods.query
+    assert patch.headers["Content-Type"] == "application/strategic-merge-patch+json"
+    assert json.loads(patch.body) == {
         "metadata": {"resourceVersion": "41",
                      "annotations": {"lightkeeper.io/cordoned": "true"}},
         "spec": {"unschedulable": True, "taints": [
             {"key": "other", "value": "x", "effect": "NoExecute"},
             {"key": "lightkeeper.io/quarantined-j", "value": "dead_rank",
              "effect": "NoSchedule"}]}}
-    assert status["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
-    (cond,) = json.loads(status["body"])["status"]["conditions"]
+    assert status.headers["Content-Type"] == "application/strategic-merge-patch+json"
+    (cond,) = json.loads(status.body)["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("LightkeeperQuarantined", "True",
                                                               "DeadRank")
     assert cond["message"] == EVENT["reason"]
-    assert pods["query"]["labelSelector"] == ["app.kubernetes.io/component=training,"
-                                              "lightkeeper/job=j"]
-    assert pods["query"]["fieldSelector"] == ["spec.nodeName=node-1"]
-    assert all(r["headers"].get("Authorization") == "Bearer t" for r in rx.requests)
+    assert pods.query["labelSelector"] == ["app.kubernetes.io/component=training,"
+                                           "lightkeeper/job=j"]
+    assert pods.query["fieldSelector"] == ["spec.nodeName=node-1"]
+    assert all(r.headers.get("Authorization") == "Bearer t" for r in rx.requests)
 
     rx.requests.clear()
     assert sink.release({**EVENT, "event": "release"}).ok
-    assert [(r["method"], r["path"]) for r in rx.requests] == [  # the taint last: see release
+    assert [(r.method, r.path) for r in rx.requests] == [  # the taint last: see release
         ("GET", "/api/v1/nodes/node-1"), ("PATCH", "/api/v1/nodes/node-1/status"),
         ("GET", "/api/v1/nodes/node-1"),  # read again: the status write made a new version
         ("PATCH", "/api/v1/nodes/node-1")]
-    body = json.loads(rx.requests[3]["body"])
+    body = json.loads(rx.requests[3].body)
     assert body["spec"] == {"unschedulable": False,
                             "taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]}
     assert body["metadata"]["annotations"] == {"lightkeeper.io/cordoned": None}
-    (cond,) = json.loads(rx.requests[1]["body"])["status"]["conditions"]
+    (cond,) = json.loads(rx.requests[1].body)["status"]["conditions"]
     assert (cond["status"], cond["reason"]) == ("False", "Released")
 
 
@@ -502,8 +447,8 @@ def test_k8s_release_racing_another_jobs_quarantine_leaves_the_node_quarantined(
     assert api.node["spec"]["unschedulable"] is True
     assert [t["key"] for t in api.node["spec"]["taints"]] == [
         "other", "lightkeeper.io/quarantined-other"]
-    last_status = [r for r in rx.requests if r["path"].endswith("/status")][-1]
-    (cond,) = json.loads(last_status["body"])["status"]["conditions"]
+    last_status = [r for r in rx.requests if r.path.endswith("/status")][-1]
+    (cond,) = json.loads(last_status.body)["status"]["conditions"]
     assert cond["status"] == "True"
 
 
@@ -529,7 +474,7 @@ def test_k8s_release_whose_condition_fix_failed_is_put_right_by_its_retry(kube):
     assert res.ok and "still quarantined by lightkeeper.io/quarantined-other" in res.detail
     assert [t["key"] for t in api.node["spec"]["taints"]] == [
         "other", "lightkeeper.io/quarantined-other"]
-    (cond,) = json.loads([r for r in rx.requests if r["path"].endswith("/status")][-1]["body"])[
+    (cond,) = json.loads([r for r in rx.requests if r.path.endswith("/status")][-1].body)[
         "status"]["conditions"]
     assert cond["status"] == "True"
 
@@ -556,7 +501,7 @@ def test_k8s_quarantines_only_a_node_that_runs_a_pod_of_the_job(kube):
     res = sink.quarantine(EVENT)
     assert not res.ok and not res.retry, res.detail
     assert res.detail == "node node-1 runs no pod of job j: claim not verified"
-    assert [(r["method"], r["path"]) for r in rx.requests] == [
+    assert [(r.method, r.path) for r in rx.requests] == [
         ("GET", "/api/v1/namespaces/train/pods")]
     assert not api.node["spec"].get("unschedulable") and len(api.node["spec"]["taints"]) == 1
 
@@ -564,7 +509,7 @@ def test_k8s_quarantines_only_a_node_that_runs_a_pod_of_the_job(kube):
     res = sink.quarantine(EVENT)
     assert res.ok and "deleted 1 pod(s) on the node (training-2)" in res.detail, res.detail
     assert api.node["spec"]["unschedulable"] is True
-    assert ("PATCH", "/api/v1/nodes/node-1") in [(r["method"], r["path"]) for r in rx.requests]
+    assert ("PATCH", "/api/v1/nodes/node-1") in [(r.method, r.path) for r in rx.requests]
 
 
 def test_k8s_release_needs_no_pod_of_the_job(kube):
@@ -586,7 +531,7 @@ def test_k8s_release_of_a_node_that_is_gone_is_done(kube):
     api.fail[("GET", "/api/v1/nodes/node-1")] = 404
     res = sink.release({**EVENT, "event": "release"})
     assert res.ok and "gone, nothing to release" in res.detail, res.detail
-    assert [(r["method"], r["path"]) for r in rx.requests] == [("GET", "/api/v1/nodes/node-1")]
+    assert [(r.method, r.path) for r in rx.requests] == [("GET", "/api/v1/nodes/node-1")]
 
 
 @pytest.mark.parametrize("code,retry", [(400, False), (403, False), (404, False), (409, True)])
@@ -595,7 +540,7 @@ def test_k8s_error_paths(kube, code, retry):
     api.fail[("PATCH", "/api/v1/nodes/node-1")] = code
     res = sink.quarantine(EVENT)
     assert not res.ok and res.retry is retry and f"HTTP {code}" in res.detail
-    assert [r["method"] for r in rx.requests] == ["GET", "GET", "PATCH"]  # stopped there
+    assert [r.method for r in rx.requests] == ["GET", "GET", "PATCH"]  # stopped there
     api.fail.clear()
     api.fail[("DELETE", "/api/v1/namespaces/train/pods/training-1")] = 404  # gone already
     api.fail[("DELETE", "/api/v1/namespaces/train/pods/training-2")] = code

@@ -1333,37 +1333,21 @@ def test_an_etcd_that_answers_an_error_at_once_is_asked_again_next_sweep():
     """Only a hang is waited out: an error answered at once (etcd's own leader election, a 5xx)
     is asked again the next sweep, else a shard with --interval near a third of --lease-ttl
     could let its lease lapse waiting."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from types import SimpleNamespace
 
     from monitor.shard import Shards
+    from tests.support.http_stub import HttpStub
 
-    asked = []
-
-    class Failing(BaseHTTPRequestHandler):
-        def do_POST(self):
-            asked.append(self.path)
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(503)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    mon = _Monitor(f"http://127.0.0.1:{server.server_address[1]}", "/lk", 0)
+    etcd = HttpStub({"POST": (503, b"{}")})
+    mon = _Monitor(etcd.url, "/lk", 0)
     shard = Shards(mon.shard_cfg, mon)
     try:
         for _ in range(2):
             shard.after_sweep(SimpleNamespace(ranks={}, groups={}), swept(), mon.now)
             assert "HTTP 503" in (shard.to_json()["error"] or "")
+        asked = [r.target for r in etcd.requests]
         assert len(asked) == 2, asked
     finally:
-        server.shutdown()
-        server.server_close()
+        etcd.close()
         shard.etcd.close()
         mon.store.close()

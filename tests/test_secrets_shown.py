@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import requests
 
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import free_port, start_monitor_process, stop_process, wait_until
+from tests.support.http_stub import HttpStub
 
 pytestmark = pytest.mark.e2e
 
@@ -47,39 +47,24 @@ def with_password(url: str, user: str, password: str) -> str:
     return url.replace("://", f"://{user}:{password}@", 1)
 
 
-class BasicAuthProxy:
+class BasicAuthProxy(HttpStub):
     """The reverse proxy in front of the Lighthouse: forwards a request with the right basic
     credentials, answers 401 to any other. In Python: no such proxy is installed here (nginx,
     haproxy: none in the test image)."""
 
     def __init__(self, upstream: str, user: str, password: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.upstream = upstream
+        self.expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.refused = 0
-        outer = self
+        super().__init__({"GET": self.forward, "POST": self.forward})
+        self.url = f"http://{user}:{password}@127.0.0.1:{self.port}"
 
-        class Handler(BaseHTTPRequestHandler):
-            def forward(self):
-                if self.headers.get("Authorization") != expected:
-                    outer.refused += 1
-                    status, body = 401, b"unauthorized"
-                else:
-                    r = requests.request(self.command, upstream + self.path, timeout=10)
-                    status, body = r.status_code, r.content
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = forward
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://{user}:{password}@127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def forward(self, req) -> tuple[int, bytes]:
+        if req.headers.get("Authorization") != self.expected:
+            self.refused += 1
+            return 401, b"unauthorized"
+        r = requests.request(req.method, self.upstream + req.target, timeout=10)
+        return r.status_code, r.content
 
 
 def leaks(shown: dict[str, str]) -> list[str]:
@@ -162,8 +147,7 @@ def test_no_password_or_token_is_shown(tmp_path):
         assert r.json()["detail"].startswith("HTTP 500"), r.text
         assert proxy.refused == 0
         # the proxy goes down: the monitor is blind and says why (log, answers)
-        proxy.server.shutdown()
-        proxy.server.server_close()
+        proxy.close()
         wait_until(lambda: requests.get(mon_url + "/v1/cluster", timeout=5).json()
                    ["verification"]["blind"], 30, interval=0.3, what="the monitor blind")
 
@@ -191,8 +175,7 @@ def test_no_password_or_token_is_shown(tmp_path):
             for proc in procs:
                 stop_process(proc, grace=3.0)
         if proxy is not None:
-            proxy.server.shutdown()  # again: harmless
-            proxy.server.server_close()
+            proxy.close()  # again: harmless
     for path in sorted(tmp_path.rglob("*")):
         if given in path.parents:
             continue

@@ -11,14 +11,13 @@ import os
 import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import free_port, stop_process, wait_until
+from tests.support.http_stub import HttpStub
 from tests.test_trainer_fault_steps import AsyncQuorumManager
 from trainer.config import TrainConfig
 
@@ -57,25 +56,8 @@ def _page(members: list[tuple[str, int, str]]) -> str:
     ([("replica_group_1:b2", 1, "0.05s")], False),  # this group's earlier run, restarted
 ])
 def test_only_a_live_other_group_of_another_size_refuses(members, refused):
-    page = _page(members).encode()
-
-    class Status(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
-
-        def log_message(self, *args):
-            pass
-
-    lighthouse = ThreadingHTTPServer(("127.0.0.1", 0), Status)
-    threading.Thread(target=lighthouse.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        why = loop().other_sized_peer(f"http://127.0.0.1:{lighthouse.server_address[1]}", 1, 2)
-    finally:
-        lighthouse.shutdown()
-        lighthouse.server_close()
+    with HttpStub({"GET": (200, _page(members))}) as lighthouse:
+        why = loop().other_sized_peer(lighthouse.url, 1, 2)
     assert (why is not None) == refused, why
     if refused:
         assert f"lightkeeper train: error: {why}".startswith(MISMATCH)
@@ -99,22 +81,9 @@ def test_the_group_of_the_size_fewer_groups_have_leaves(sizes, group, world_size
                               f"but {leaves} has {sizes[leaves]}: groups of different sizes")
 
 
-def _serve(pages: list[bytes]) -> ThreadingHTTPServer:
+def _serve(pages: list[bytes]) -> HttpStub:
     """A Lighthouse ``/status`` that answers ``pages`` in turn, then the last one for good."""
-    class Status(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            page = pages.pop(0) if len(pages) > 1 else pages[0]
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(page)))
-            self.end_headers()
-            self.wfile.write(page)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Status)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    return server
+    return HttpStub({"GET": lambda req: (200, pages.pop(0) if len(pages) > 1 else pages[0])})
 
 
 class HealsFromAnotherSize(AsyncQuorumManager):
@@ -160,14 +129,13 @@ def _train_group_1(monkeypatch, pages: list[bytes], manager: AsyncQuorumManager,
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(torchft, "Manager", manager)
-    cfg = TrainConfig(lighthouse=f"http://127.0.0.1:{lighthouse.server_address[1]}", steps=steps,
-                      replica_group=1, num_replica_groups=3, worker_server=False,
+    cfg = TrainConfig(lighthouse=lighthouse.url, steps=steps, replica_group=1,
+                      num_replica_groups=3, worker_server=False,
                       torch_threads=torch.get_num_threads(), connect_timeout_s=5)
     try:
         return loop().train(cfg)
     finally:
-        lighthouse.shutdown()
-        lighthouse.server_close()
+        lighthouse.close()
 
 
 MOST_HAVE_ONE = _page([("replica_group_0:a1", 2, "0.05s"), ("replica_group_1:b2", 1, "0.05s"),

@@ -450,37 +450,20 @@ def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, capfd):
 def test_a_registration_refused_for_its_token_says_which_token_to_give(monkeypatch, capfd):
     """A monitor started with --token alone refuses a rank without it (HTTP 401): the rank's
     one line names the variable that fixes it, said once however often it is tried."""
-    import http.server
-
     from lightkeeper.processes import wait_until
+    from tests.support.http_stub import HttpStub
     from worker_server import server as server_module
 
-    asked = []
-
-    class Refusing(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
-            asked.append(self.path)
-            body = b'{"error":"missing or wrong bearer token","status":401}'
-            self.send_response(401)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    monitor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=monitor.serve_forever, daemon=True).start()
+    monitor = HttpStub({"POST": (401, b'{"error":"missing or wrong bearer token","status":401}',
+                                 {"Content-Type": "application/json"})})
     monkeypatch.setattr(server_module, "REGISTER_INTERVAL_S", 0.02)
     srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
-                             monitor_url=f"http://127.0.0.1:{monitor.server_port}")
+                             monitor_url=monitor.url)
     try:
-        wait_until(lambda: len(asked) >= 3, 10, what="three registrations")
+        wait_until(lambda: len(monitor.requests) >= 3, 10, what="three registrations")
     finally:
         srv.stop()
-        monitor.shutdown()
-        monitor.server_close()
+        monitor.close()
     said = [line for line in capfd.readouterr().err.splitlines() if "refused" in line]
     assert len(said) == 1 and "HTTP 401" in said[0], said
     assert "LIGHTKEEPER_REGISTER_TOKEN" in said[0] and "--register-token" in said[0], said

@@ -8,23 +8,10 @@ from __future__ import annotations
 import http.client
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from lightkeeper.processes import wait_until
+from tests.support.http_stub import HttpStub
 from worker_server import torch_server
-
-
-class _Hits(BaseHTTPRequestHandler):
-    hits = 0
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        type(self).hits += 1
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
 
 
 class _BlockingResponse:
@@ -60,21 +47,20 @@ def test_a_wildcard_bind_is_stopped_over_ipv4_when_ipv6_loopback_is_missing(monk
         return connect(self)
 
     monkeypatch.setattr(http.client.HTTPConnection, "connect", no_ipv6_loopback)
-    _Hits.hits = 0
-    web = ThreadingHTTPServer(("127.0.0.1", 0), _Hits)
-    threading.Thread(target=web.serve_forever, args=(0.02,), daemon=True).start()
+    web = HttpStub({"GET": (200, b"")})
     resp = _BlockingResponse()
     handler = torch_server._handler("lightkeeper_state", lambda server, args: (200, b"", "x"))
     busy = threading.Thread(target=handler, args=(None, resp), daemon=True)
     server = _Server()
     stopping = threading.Thread(
-        target=torch_server._shutdown, args=(server, "::", web.server_address[1]), daemon=True)
+        target=torch_server._shutdown, args=(server, "::", web.port), daemon=True)
     try:
         busy.start()
         assert resp.entered.wait(5)  # a Lightkeeper handler is answering
         started = time.monotonic()
         stopping.start()
-        wait_until(lambda: _Hits.hits >= 1, 2, interval=0.01, what="the request on 127.0.0.1")
+        wait_until(lambda: len(web.requests) >= 1, 2, interval=0.01,
+                   what="the request on 127.0.0.1")
         assert server.shut_at is None  # still waiting for the handler to end
         released = time.monotonic()
         resp.release.set()
@@ -85,5 +71,4 @@ def test_a_wildcard_bind_is_stopped_over_ipv4_when_ipv6_loopback_is_missing(monk
         assert server.shut_at - started < 2  # not the 5 s of dialling ::1
     finally:
         resp.release.set()
-        web.shutdown()
-        web.server_close()
+        web.close()

@@ -7,10 +7,10 @@ misbehave, are tests/support/monitor_sim.py's.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
+
+from tests.support.http_stub import HttpStub, Request
 
 Answer = tuple[int, Any]  # (status, body): bytes are sent as text, anything else as JSON
 
@@ -36,10 +36,8 @@ class FakeRank:
         self.answers: list[Answer] = []
         self.bearer: str | None = None
         self._get, self._log = get, log
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self.server = HttpStub({"GET": self._on_get, "POST": self._on_post})
+        self.port, self.url = self.server.port, self.server.url
 
     @property
     def paths(self) -> list[str]:
@@ -52,6 +50,14 @@ class FakeRank:
         if self.state is not None and path.startswith("/v1/state"):
             return 200, self.state
         return 404, {}
+
+    def _on_get(self, req: Request) -> Answer:
+        self.gets.append(req.target)
+        return _wire(self.answer_get(req.target))
+
+    def _on_post(self, req: Request) -> Answer:
+        return _wire(self.answer_post(Post(req.target, req.headers.get("Authorization"),
+                                           req.body)))
 
     def answer_post(self, post: Post) -> Answer:
         self.posts.append(post)
@@ -66,8 +72,7 @@ class FakeRank:
         return 202, {"exiting": True, "mechanism": "fake"}
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 class FakeRanks(list):
@@ -92,26 +97,8 @@ class FakeRanks(list):
             r.stop()
 
 
-def _handler(rank: FakeRank) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            rank.gets.append(self.path)
-            self.send(*rank.answer_get(self.path))
-
-        def do_POST(self):  # noqa: N802
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send(*rank.answer_post(Post(self.path, self.headers.get("Authorization"), body)))
-
-        def send(self, status: int, body: Any) -> None:
-            text = isinstance(body, bytes)
-            data = body if text else json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if text else "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    return Handler
+def _wire(answer: Answer) -> Answer:
+    status, body = answer
+    if isinstance(body, bytes):
+        return status, body, {"Content-Type": "text/plain"}
+    return status, json.dumps(body), {"Content-Type": "application/json"}
