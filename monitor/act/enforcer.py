@@ -318,11 +318,15 @@ class Enforcer:
         sweep (held by a rail, say), written on the bundles' helper thread; none on a standby
         (the monitor holding the slice fetches them: a second fetch doubles the ranks' load)."""
         bundled, self._bundled = self._bundled, set()
-        if not self.fetch_bundles:
+        if not self.fetch_bundles or not self.bundles.enabled:
             return
-        for f in new:
+        confirmed = [f for f in new if f.kind in CONFIRM_KINDS]
+        # an incarnation sent a kill (this sweep or before) has its evidence in the kill's
+        # bundle: fetched after, it would find the group going down and name another culprit
+        killed = self.store.evicted_replica_ids() if confirmed else set()
+        for f in confirmed:
             fid = self.finding_id(f.key)
-            if f.kind in CONFIRM_KINDS and fid not in bundled:
+            if fid not in bundled and f.replica_id not in killed:
                 self.bundles.capture_later("confirm", view, evidence, f.to_dict(), fid,
                                            self._related(f.replica_group))
 
@@ -330,7 +334,8 @@ class Enforcer:
                     finding: dict[str, Any] | None, finding_id: int | None,
                     decision: dict[str, Any]) -> dict | None:
         """The bundle of an eviction about to be sent, kept before the kill (its finding then
-        gets no confirmation bundle this sweep). None: none kept; never raises."""
+        gets no confirmation bundle, nor does any finding of its replica id once the kill is
+        sent). None: none kept; never raises."""
         if not self.bundles.enabled or view is None:
             return None
         bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,

@@ -1,0 +1,82 @@
+"""No confirmation bundle for a group incarnation the monitor sent a kill for
+(monitor/act/enforcer.py, ``bundle_confirmed``; docs/monitor.md, Incident bundles).
+
+A monitor swept by hand on its injected clock over a real torchft Lighthouse that simulated
+groups join (``SimJob``, tests/support/monitor_sim.py: the kill takes the group's ranks down as
+its exiting Manager would). Group 2's second rank stops answering (SIGSTOPped): ``dead_rank`` is
+confirmed and evicted. The hang and mismatch findings beside it are added to the detectors' own
+output, as the Flight Recorder engine confirms them on a real job (a Manager rank blocked on the
+stopped one); the other groups' findings, held by ``--min-replicas``, get their confirmation
+bundles and, the bundles' helper taking them in order, say when every earlier one is written.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from monitor.api.app import create_app
+from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
+from monitor.detect import Finding
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3, ranks_per_group=2)
+    yield j
+    j.stop()
+
+
+def test_no_confirmation_bundle_for_a_group_already_sent_a_kill(tmp_path, job):
+    clock = [time.time()]
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+        targets=job.sim.urls, job="sim", lighthouse=job.url,
+        rails=RailsConfig(min_replicas=2, cooldown_s=0),
+        detectors=DetectorConfig(dead_sweeps=2), bundles=BundleConfig(timeout_s=1.0)),
+        clock=lambda: clock[0])
+    client = create_app(mon).test_client()
+    # (kind, group, culprit ranks) added in the sweep that confirms dead_rank, then in the next
+    extra = [[("hang", 2, [4]), ("hang", 1, [2])], [("mismatch", 2, [4]), ("mismatch", 0, [0])]]
+    real = mon.detectors.update
+
+    def update(*args, **kwargs):
+        new = real(*args, **kwargs)
+        if extra and (any(f.kind == "dead_rank" for f in new) or len(extra) == 1):
+            for kind, g, ranks in extra.pop(0):
+                f = Finding(kind, g, job.replica_ids[g], ranks, {"summary": "as the engine"},
+                            clock[0], clock[0])
+                if mon.detectors.report(f):
+                    new.append(f)
+        return new
+
+    mon.detectors.update = update
+
+    def bundles() -> set[tuple]:
+        rows = client.get("/v1/incidents").get_json()["bundles"]
+        return {(b["trigger"], b["kind"], b["replica_group"]) for b in rows}
+
+    try:
+        job.train_and_sweep(mon, clock, 10)
+        job.sim.group(2)[1].set_mode("silent")
+        for _ in range(6):
+            clock[0] += 1.0
+            mon.sweep_once()
+            if not extra:
+                break
+        assert not extra, "dead_rank never confirmed"
+        [kill] = client.get("/v1/evictions?decision=evict").get_json()
+        assert (kill["replica_group"], kill["reason"], kill["status"]) == (2, "dead_rank", "sent")
+        assert job.kills == [job.replica_ids[2]]
+        deadline = time.monotonic() + 20
+        while ("confirm", "mismatch", 0) not in bundles():  # the helper's last one
+            assert time.monotonic() < deadline, bundles()
+            time.sleep(0.05)
+        # the kill's bundle is group 2's evidence: none fetched after it, of ranks going down
+        assert bundles() == {("evict", "dead_rank", 2), ("confirm", "hang", 1),
+                             ("confirm", "mismatch", 0)}, bundles()
+    finally:
+        mon.stop()
