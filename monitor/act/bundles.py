@@ -169,10 +169,30 @@ def _torch_dump(r: Any, dump: Mapping[str, Any] | None, row: dict[str, Any]
     return _encode(dump), "ok"
 
 
+class _Recorder(msgspec.Struct):
+    """What every Flight Recorder dump holds, entries or not (analyze needs it)."""
+
+    version: str
+
+
+_RECORDER = msgspec.json.Decoder(_Recorder)
+
+
 def looks_like_dump(body: bytes) -> bool:
     """A JSON object naming ``entries``: kept as the rank sent it (``lightkeeper analyze``
-    judges it whole, and says so in its ``errors`` when it is broken after all)."""
-    return bytes(body[:64]).lstrip()[:1] == b"{" and b'"entries"' in body
+    judges it whole, and says so in its ``errors`` when it is broken after all); without
+    them, one with a ``version`` string: torch leaves ``entries`` out of an empty recorder's
+    dump (a rank that has run no collective yet), so this is read whole (no dump is large
+    without them)."""
+    if bytes(body[:64]).lstrip()[:1] != b"{":
+        return False
+    if b'"entries"' in body:
+        return True
+    try:
+        _RECORDER.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 class BundleStore:
@@ -510,7 +530,7 @@ class Bundles:
                 got[i] = (body, "ok")
             else:
                 got[i] = (None, "bad_response: not a Flight Recorder dump (a JSON object with "
-                          "entries)")
+                          "entries or a version)")
         return {(a[0], a[1]): got.get(index[(a[2], a[3])], (None, "not answered"))
                 for a in asks}
 
