@@ -187,8 +187,8 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/v1/evictions")
     def evictions():
-        return jsonify(monitor.store.decisions(limit=_limit(),
-                                               decision=request.args.get("decision") or None))
+        return jsonify(views.decisions_json(monitor, monitor.store.decisions(
+            limit=_limit(), decision=request.args.get("decision") or None)))
 
     @app.get("/v1/goodput")
     def goodput():
@@ -279,7 +279,8 @@ def create_app(monitor: Any) -> Flask:
         return render_template("overview.html", c=monitor.cluster_json(ranks=False),
                                groups_table=groups_table, goodput=goodput,
                                findings=monitor.store.findings(limit=20),
-                               decisions=monitor.store.decisions(limit=20),
+                               decisions=views.decisions_json(
+                                   monitor, monitor.store.decisions(limit=20)),
                                hosts=monitor.enforcer.hosts_json(),
                                bundles=views.incidents_json(monitor, 10, False)["bundles"],
                                interval=monitor.cfg.interval_s,

@@ -134,6 +134,20 @@ def goodput_json(monitor: Any, incidents: int = 50, intervals: int = 200) -> dic
     return ledger
 
 
+def decisions_json(monitor: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``GET /v1/evictions``' rows (and the overview's): each with ``bundle_pruned``, true when
+    the bundle it names is no longer served (deleted by the bundles' size or age cap, or a
+    monitor without bundles): the id stays, as the audit log kept it, but nothing links it."""
+    store = monitor.bundles.store
+    served: dict[str, bool] = {}
+    for r in rows:
+        b = r.get("bundle")
+        if b is not None and b not in served:
+            served[b] = store is not None and store.path(b) is not None
+        r["bundle_pruned"] = b is not None and not served[b]
+    return rows
+
+
 def incidents_json(monitor: Any, limit: int = 100, goodput: bool = True) -> dict[str, Any]:
     """``GET /v1/incidents``: the incident bundles kept, newest first, each with its download
     path and (``goodput``) the goodput incident whose eviction or finding it kept."""
