@@ -13,6 +13,7 @@ from typing import Any
 
 from .findings import StragglerFinding
 from .model import GroupKey, GroupTrace, RankTrace
+from .steps import _period
 
 Hit = tuple[float, GroupKey, dict[str, Any]]  # (z, group, what the finding reports)
 Class = tuple[GroupKey, int | None]  # a group's collectives of one signature (None: all of them)
@@ -54,9 +55,9 @@ class StragglerEvidence:
         self.traces = traces
         self.tallies: dict[Class, dict[int, _Tally]] = {}
         self.period_ms: dict[GroupKey, float] = {}
-        # (group, (a, b)) -> how much later b arrived than a, per collective, in order
+        # (group, (a, b)) -> how much later b arrived than a, per step (or collective), in order
         self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
-        self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], str] = {}
+        self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], tuple[str, int]] = {}  # (kind, step)
         # no two ranks' arrivals comparable, no clock shared: groups whose dumps name no host,
         # and groups whose every rank is on a host of its own
         self.unchecked: dict[str, list[GroupKey]] = {"no_host": [], "own_hosts": []}
@@ -86,11 +87,18 @@ class StragglerEvidence:
             if not subsets:
                 named = all(self.traces[r].host for r in members)  # else --same-host may help
                 self.unchecked["own_hosts" if named else "no_host"].append(key)
-        if any(len(ranks) == 2 for ranks in subsets):
-            self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
-                                              for r in members[:3]])
         first = rows[members[0]]
         sigs = _window(first.sigs, first.first_seq, lo, hi)
+        pattern = step = 1
+        if any(len(ranks) == 2 for ranks in subsets):
+            # a pair's lags are summed per step (one period of its pattern of collectives, read
+            # from its newest 600, also before the window): a rank slow before a step's first
+            # collective is late there only, the rest of the step in sync
+            end = hi - first.first_seq + 1
+            pattern = _period(first.sigs[max(0, end - 600):end], -1) or 1
+            step = pattern if (hi - lo + 1) // pattern >= config.pair_windows else 1
+            self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)[::step]
+                                              for r in members[:3]])
         for ranks in subsets:
             if kind == "duration_ms":
                 cols = zip(*(_window(rows[r].duration_ms, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
@@ -98,7 +106,10 @@ class StragglerEvidence:
                 # later enqueue = later arrival; negated (ms) so that the last is the smallest
                 times = zip(*(_window(rows[r].created_ns, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
                 cols = ([-c / 1e6 if c else math.nan for c in col] for col in times)
-            if len(ranks) == 2 or len(set(sigs)) < 2:
+            if len(ranks) == 2:
+                self._pair(key, ranks, cols, kind, step, step == pattern, config)
+                continue
+            if len(set(sigs)) < 2:
                 self._tally(key, None, ranks, cols, kind, config)
                 continue
             # a rank late into one of a step's collectives is last at too few of the group's
@@ -112,19 +123,24 @@ class StragglerEvidence:
                 if sig is not None and len(part) >= config.min_collectives:
                     self._tally(key, sig, ranks, part, kind, config)
 
+    def _pair(self, key: GroupKey, ranks: list[int], cols: Any, kind: str, step: int, whole: bool,
+              config: StragglerConfig) -> None:
+        """``step`` collectives' lags summed into one; not ``whole``: fewer steps than windows, so
+        judged per collective, which cannot clear a rank late at one collective of a step."""
+        gaps = [a - b for a, b in cols]  # both values say "smaller = later": b's lag behind a
+        if step > 1:
+            gaps = [sum(gaps[i:i + step]) for i in range(0, len(gaps) - step + 1, step)]
+        gaps = [g for g in gaps if g == g]  # NaN: a collective without evidence
+        if whole and len(gaps) * step >= config.min_collectives:
+            self.compared.update(ranks)
+        if gaps:
+            pair = (key, (ranks[0], ranks[1]))
+            self.pairs.setdefault(pair, []).extend(gaps)
+            self.pair_kind[pair] = (kind, step)
+
     def _tally(self, key: GroupKey, sig: int | None, ranks: list[int], cols: Any, kind: str,
                config: StragglerConfig) -> None:
         n = len(ranks)
-        if n == 2:
-            # both values say "smaller = later": b's lag behind a is a - b
-            gaps = [a - b for a, b in cols if a == a and b == b]
-            if len(gaps) >= config.min_collectives:
-                self.compared.update(ranks)
-            if gaps:
-                pair = (key, (ranks[0], ranks[1]))
-                self.pairs.setdefault(pair, []).extend(gaps)
-                self.pair_kind[pair] = kind
-            return
         p = 1.0 / n
         used = 0
         half = n // 2
@@ -224,13 +240,14 @@ class StragglerEvidence:
                            for r in ranks])
 
     def _pair_hits(self, config: StragglerConfig) -> dict[int, list[Hit]]:
-        """The later rank -> its hits: pairs where its median lag reaches the floor in each of
-        ``pair_windows`` windows."""
+        """The later rank -> its hits: pairs where its median lag (per step, or per collective)
+        reaches the floor in each of ``pair_windows`` windows."""
         hits: dict[int, list[Hit]] = defaultdict(list)
         windows = max(1, config.pair_windows)
         for (key, (a, b)), gaps in self.pairs.items():
             n = len(gaps)
-            if n < max(config.min_collectives, windows):
+            kind, step = self.pair_kind[(key, (a, b))]
+            if n < windows or n * step < config.min_collectives:
                 continue
             floor = _floor(self.period_ms.get(key, math.nan), config, config.min_lag_ms)
             lag = _median(gaps)
@@ -245,22 +262,24 @@ class StragglerEvidence:
             z = (later - n / 2) / (math.sqrt(n / 4) or 1.0)
             hits[late].append(
                 (z, key, {"last": later, "late": sum(1 for g in signed if g >= floor), "observed": n, "z": z,
-                          "wait": sign * lag, "expected": n / 2, "kind": self.pair_kind[(key, (a, b))],
+                          "wait": sign * lag, "expected": n / 2, "kind": kind, "step": step,
                           "peer": peer, "windows": per_window, "floor": floor})
             )
         return hits
 
     def _finding(self, rank: int, hits: list[Hit], config: StragglerConfig, lag: bool = False) -> StragglerFinding:
         _, key, best = hits[0]
-        observed = best["observed"]
+        observed, step = best["observed"], best.get("step", 1)
         if "peer" in best:
             windows = ", ".join(f"{w:.2f}" for w in best["windows"])
             period = self.period_ms.get(key, math.nan)
+            per, over = (f" a step (its {step} collectives' lags summed)", f"{observed} steps") if step > 1 \
+                else ("", f"{observed} collectives")
             detail = (
-                f"in group {key.label()} rank {rank} enqueued a median {best['wait']:.2f} ms after its "
-                f"only compared peer, rank {best['peer']}, over {observed} collectives (per window: "
-                f"{windows} ms; floor {best['floor']:.2f} ms, the group's period {period:.1f} ms; "
-                f"{best['kind']})"
+                f"in group {key.label()} rank {rank} enqueued a median {best['wait']:.2f} ms{per} after its "
+                f"only compared peer, rank {best['peer']}, over {over} (per window: "
+                f"{windows} ms; floor {best['floor']:.2f} ms, the group's {'step' if step > 1 else 'period'} "
+                f"{period:.1f} ms; {best['kind']})"
             )
             detail += ("; with two ranks there is no majority to say which one is off pace: a lag, not a straggler"
                        if lag else "; other evidence agrees (" + ", ".join(k.label() for _, k, _ in hits[1:] or hits) + ")")
@@ -276,7 +295,7 @@ class StragglerEvidence:
         return StragglerFinding(
             kind="lag" if lag else "straggler", group=key, seq=None, op=None, culprit_ranks=[rank], detail=detail,
             rank=rank, score=best["last"] / observed, expected=best["expected"] / observed, z=best["z"],
-            collectives=observed, median_wait_ms=best["wait"], evidence=best["kind"],
+            collectives=observed * step, median_wait_ms=best["wait"], evidence=best["kind"],
             groups=[k.label() for _, k, _ in hits], late_fraction=best["late"] / observed,
             peers=[best["peer"]] if "peer" in best else [])
 
