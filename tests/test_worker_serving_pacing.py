@@ -152,7 +152,7 @@ def test_a_read_that_would_wait_beyond_the_slots_is_refused_late(monkeypatch):
         assert (status, retry) == (429, str(worker_metrics.RETRY_AFTER_S))
         assert json.loads(body)["status"] == 429 and json.loads(body)["path"] == "/x"
         assert took >= 0.2
-        status, _, _, took = get(none_left, agent=MONITOR_AGENT + "/1")
+        status, _, _, took = get(none_left, agent=MONITOR_AGENT + "/1", path="/v1/state")
         assert status == 200 and took < 0.2
         # a readiness probe is never paced nor refused (a rolling update would wait on it)
         status, _, _, took = get(none_left, path="/healthz")
@@ -222,6 +222,42 @@ def test_a_scrape_and_a_one_off_read_are_answered_behind_two_looping_readers(mon
             t.join(timeout=5)
         server.stop()
     assert [status for status, _ in loopers] == [200, 200]
+
+
+def _empty_dump(tracker, identity, only_active=False) -> bytes:
+    return b'{"entries": []}'
+
+
+def test_a_named_user_agent_skips_pacing_only_on_its_own_route(monkeypatch):
+    """Any client may send the monitor's or Prometheus' User-Agent: with it, reads were never
+    paced on any route (six curl loops of /v1/fr_trace sent as lightkeeper-monitor took a
+    trainer from 9 to 2.7 steps/s). Now only the monitor's /v1/state and Prometheus' /metrics
+    are; elsewhere such a client's first read is answered at once (the monitor's one dump per
+    rank per look), and the reads it sends in a loop are paced as anyone's."""
+    monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 1.0)
+    monitor, prometheus = MONITOR_AGENT + "/1", "Prometheus/2.53.0"
+    server = WorkerServer(_state(), fr_dumper=_empty_dump).serve()
+
+    def read(agent: str, path: str, source: str) -> tuple[int, float]:
+        server.metrics.served(10.0)  # an expensive read just before: the next one waits 1 s
+        return _get(server.port, agent, path, source)
+
+    try:
+        for _ in range(3):
+            assert read(monitor, "/v1/state", "127.0.0.2")[1] < 0.5
+            assert read(prometheus, "/metrics", "127.0.0.3")[1] < 0.5
+        for source, agent, path in (("127.0.0.4", monitor, "/v1/fr_trace"),
+                                    ("127.0.0.5", monitor, "/v1/stacks"),
+                                    ("127.0.0.6", prometheus, "/v1/stacks"),
+                                    ("127.0.0.7", "curl/8", "/v1/fr_trace")):
+            answers = [read(agent, path, source) for _ in range(3)]
+            assert 429 not in [status for status, _ in answers], (agent, path, answers)
+            took = [t for _, t in answers]
+            assert min(took[1:]) >= 0.5, (agent, path, took)  # paced as any client's
+            if agent != "curl/8":
+                assert took[0] < 0.5, (agent, path, took)
+    finally:
+        server.stop()
 
 
 class _NoThreadLeft(threading.Timer):

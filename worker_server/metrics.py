@@ -48,9 +48,10 @@ PACED_SLOTS = 2
 # never paced nor refused: a peer's probe payload (its time is the network's measure) and
 # /healthz (a readiness probe refused would hold a rolling update; it costs next to nothing)
 UNPACED = (PAYLOAD_PATH, "/healthz")
-# User-Agents never paced nor refused: the monitor's polls, and Prometheus' scrapes (it ignores
-# Retry-After: a refused scrape reads as up=0, a rank down; its scrape interval bounds its cost)
-UNPACED_AGENTS = (MONITOR_AGENT, "Prometheus/")
+# (User-Agent prefix, path) never paced nor refused: the monitor's polls, and Prometheus'
+# scrapes (it ignores Retry-After: a refused scrape reads as up=0, a rank down; its scrape
+# interval bounds its cost). Any client may send these headers, so only these cheap routes.
+UNPACED_AGENTS = ((MONITOR_AGENT, "/v1/state"), ("Prometheus/", "/metrics"))
 RETRY_AFTER_S = 1
 HOLD_S = 1.0
 
@@ -195,18 +196,22 @@ class WorkerMetrics:
         are paced (:meth:`pace`), ``paced_slots`` of them waiting at once. Another that would
         wait is answered at once, unpaced, when its client (address) was neither paced nor
         refused lately, else 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at
-        once). :data:`UNPACED_AGENTS` and :data:`UNPACED` paths never wait."""
+        once). :data:`UNPACED` paths and :data:`UNPACED_AGENTS` on their route never wait; on
+        another route, one of those agents' reads is answered unpaced unless its client reads
+        in a loop (the monitor's one Flight Recorder fetch per rank per look is not slowed)."""
         slots = threading.BoundedSemaphore(paced_slots)
         readers = _Readers()
 
         def wsgi(environ, start_response):
             read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
-            if read and environ.get("PATH_INFO") not in UNPACED \
-                    and not environ.get("HTTP_USER_AGENT", "").startswith(UNPACED_AGENTS) \
-                    and self.pace_s() > 0:
+            path, agent = environ.get("PATH_INFO"), environ.get("HTTP_USER_AGENT", "")
+            named = [route for prefix, route in UNPACED_AGENTS if agent.startswith(prefix)]
+            if read and path not in UNPACED and path not in named and self.pace_s() > 0:
                 client = environ.get("REMOTE_ADDR", "")
                 now = time.monotonic()
-                if slots.acquire(blocking=False):
+                if named and not readers.looping(client, now):
+                    readers.mark(client, now)  # asked again within HOLD_S: paced as any
+                elif slots.acquire(blocking=False):
                     readers.mark(client, now + max(0.0, self.pace_s()))
                     try:
                         self.pace()
