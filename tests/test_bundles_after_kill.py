@@ -80,3 +80,97 @@ def test_no_confirmation_bundle_for_a_group_already_sent_a_kill(tmp_path, job):
                              ("confirm", "mismatch", 0)}, bundles()
     finally:
         mon.stop()
+
+
+def _confirm_bundles(client) -> set[tuple]:
+    return {(b["trigger"], b["kind"], b["replica_group"])
+            for b in client.get("/v1/incidents").get_json()["bundles"]}
+
+
+def _wait_for(client, row: tuple) -> None:
+    """The helper writes bundles in order: ``row`` there, every earlier one is written too."""
+    deadline = time.monotonic() + 20
+    while row not in _confirm_bundles(client):
+        assert time.monotonic() < deadline, _confirm_bundles(client)
+        time.sleep(0.05)
+
+
+def _add_findings(mon, job, clock, extra: list[tuple]) -> None:
+    """Findings the engine would confirm, added to the detectors' output at the next sweep."""
+    real = mon.detectors.update
+
+    def update(*args, **kwargs):
+        new = real(*args, **kwargs)
+        while extra:
+            kind, g, ranks = extra.pop(0)
+            f = Finding(kind, g, job.replica_ids[g], ranks, {"summary": "as the engine"},
+                        clock[0], clock[0])
+            if mon.detectors.report(f):
+                new.append(f)
+        return new
+
+    mon.detectors.update = update
+
+
+def test_a_live_group_whose_kill_turned_unconfirmed_keeps_its_confirmation_bundles(tmp_path):
+    """The kill never reached the group (the Lighthouse cannot resolve its host): it turns
+    ``unconfirmed`` and the group trains on; its next hang is evidence worth keeping."""
+    job = SimJob(3)
+    job.kill = lambda rid: False  # sent, but the group lives on
+    clock = [time.time()]
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"), token="s3cret",
+        targets=job.sim.urls, job="sim", lighthouse=job.url,
+        rails=RailsConfig(min_replicas=2, cooldown_s=0), bundles=BundleConfig(timeout_s=1.0)),
+        clock=lambda: clock[0])
+    client = create_app(mon).test_client()
+    extra: list[tuple] = []
+    _add_findings(mon, job, clock, extra)
+    try:
+        job.train_and_sweep(mon, clock, 5)
+        r = client.post("/v1/evict", json={"replica_group": 2, "reason": "test"},
+                        headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200, r.get_data(as_text=True)
+        job.train_and_sweep(mon, clock, 70)  # past the confirmation window: still training
+        [kill] = client.get("/v1/evictions?decision=evict").get_json()
+        assert kill["status"] == "unconfirmed"
+        extra[:] = [("hang", 2, [2])]
+        job.train_and_sweep(mon, clock, 1)
+        _wait_for(client, ("confirm", "hang", 2))
+    finally:
+        mon.stop()
+        job.stop()
+
+
+def test_no_confirmation_bundle_for_a_group_a_shard_proposed_that_sweep(tmp_path, job):
+    """A shard keeps its proposal's bundle (``keep_bundle``, as monitor/shard.py does) and the
+    leader may kill at any moment: the group's other new finding gets no bundle fetched after."""
+    clock = [time.time()]
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+        targets=job.sim.urls, job="sim", lighthouse=job.url,
+        rails=RailsConfig(min_replicas=2, cooldown_s=0, evict_kinds=("mismatch",)),
+        bundles=BundleConfig(timeout_s=1.0)), clock=lambda: clock[0])
+    client = create_app(mon).test_client()
+    extra: list[tuple] = []
+    _add_findings(mon, job, clock, extra)
+    real = mon.enforcer.bundle_confirmed
+
+    def bundle_confirmed(view, evidence, new):
+        for f in new:
+            if f.kind == "straggler":  # proposed to the leader, bundled first
+                mon.enforcer.keep_bundle(view, evidence, f.to_dict(), mon.enforcer.finding_id(f.key), {
+                    "decision": "proposed", "reason": f.kind, "source": "auto",
+                    "status": "proposing", "replica_group": f.replica_group,
+                    "replica_id": f.replica_id, "at": clock[0]})
+        real(view, evidence, new)
+
+    mon.enforcer.bundle_confirmed = bundle_confirmed
+    try:
+        job.train_and_sweep(mon, clock, 5)
+        extra[:] = [("straggler", 2, [4]), ("hang", 2, [4]), ("hang", 1, [2])]
+        job.train_and_sweep(mon, clock, 1)
+        _wait_for(client, ("confirm", "hang", 1))
+        assert _confirm_bundles(client) == {("evict", "straggler", 2), ("confirm", "hang", 1)}
+    finally:
+        mon.stop()

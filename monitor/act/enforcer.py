@@ -85,6 +85,7 @@ class Enforcer:
         store.job = cfg.job  # the cooldown counts this job's kills, not another job's
         self.bundles = bundles
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
+        self._bundled_rids: set[str] = set()  # and their replica ids (a shard's proposals too)
         self.lighthouse, self.lh_settings = lighthouse, lh_settings
         # shared by exits, aborts and probes (ProbeMesh) so each claim is said once
         self.claims = Claims()
@@ -318,12 +319,15 @@ class Enforcer:
         sweep (held by a rail, say), written on the bundles' helper thread; none on a standby
         (the monitor holding the slice fetches them: a second fetch doubles the ranks' load)."""
         bundled, self._bundled = self._bundled, set()
+        rids, self._bundled_rids = self._bundled_rids, set()
         if not self.fetch_bundles or not self.bundles.enabled:
             return
         confirmed = [f for f in new if f.kind in CONFIRM_KINDS]
-        # an incarnation sent a kill (this sweep or before) has its evidence in the kill's
-        # bundle: fetched after, it would find the group going down and name another culprit
-        killed = self.store.evicted_replica_ids() if confirmed else set()
+        # an incarnation told to go (a kill sent this sweep or before, or proposed to the
+        # leader this sweep) has its evidence in the kill's bundle: fetched after, it would find
+        # the group going down and name another culprit. A kill that turned unconfirmed told
+        # nobody to go: the live group's new findings keep their bundles
+        killed = self.store.told_to_go_replica_ids() | rids if confirmed else set()
         for f in confirmed:
             fid = self.finding_id(f.key)
             if fid not in bundled and f.replica_id not in killed:
@@ -340,8 +344,11 @@ class Enforcer:
             return None
         bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
                                       self._related(decision["replica_group"]))
-        if bundle is not None and finding_id is not None:
-            self._bundled.add(finding_id)
+        if bundle is not None:
+            if finding_id is not None:
+                self._bundled.add(finding_id)
+            if decision.get("replica_id"):
+                self._bundled_rids.add(decision["replica_id"])
         return bundle
 
     def _related(self, group: int | None) -> list[dict[str, Any]]:
