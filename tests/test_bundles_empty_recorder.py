@@ -65,3 +65,28 @@ def test_an_empty_recorders_dump_is_kept_and_what_is_no_dump_is_not(tmp_path, ca
     [b] = report["bundles"]
     assert report["ranks"] == [0, 1] and report["errors"] == [], report
     assert [x["rank"] for x in b["not_fetched"]] == sorted(NOT_DUMPS), b["not_fetched"]
+
+
+def test_a_hang_bundle_of_empty_recorders_only_is_not_checked_against_the_monitor(tmp_path, capsys):
+    """Flight Recorder off (older torch's default buffer size 0) or no collective run yet: the
+    dumps can check nothing, so analyze gives no verdict, not one against the monitor."""
+    sim = SimRanks.start(2)
+    for r in sim.ranks:
+        r.fr = EMPTY.replace(b'"rank":0', b'"rank":%d' % r.state["rank"])
+    view = scratch_view(time.time(), {r.url: RankView(r.url, True, dict(r.state))
+                                      for r in sim.ranks})
+    store = Store(str(tmp_path / "state.sqlite"))
+    bundles = Bundles(MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
+                                    bundles=BundleConfig(timeout_s=2.0)), store)
+    finding = {"kind": "hang", "replica_group": 0, "replica_id": "replica_group_0:sim",
+               "ranks": [0], "evidence": {}, "first_seen": time.time()}
+    try:
+        path = bundles.store.path(bundles.capture("evict", view, view, finding, 1, {"id": 1},
+                                                  [])["id"])
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+    assert main(["analyze", "--format", "json", path]) == 2
+    [b] = json.loads(capsys.readouterr().out)["bundles"]
+    assert b["analysis_agrees"] is None, b

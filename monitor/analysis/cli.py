@@ -119,7 +119,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if inputs.quorums:
         report["torchft_quorums"] = inputs.quorums
     if inputs.bundles:
-        report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding, bool(result.ranks),
+        # dumps that recorded nothing (recorder off, no collective yet) can check nothing
+        checked = bool(result.ranks) and not nothing_recorded(loaded.traces)
+        report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding, checked,
                                              result.compared, report["lags"], set(result.ranks))
                              for b in inputs.bundles]
     if args.format == "json":
