@@ -412,6 +412,59 @@ def test_a_port_that_is_no_port_or_taken_is_said_with_its_name(server):
         WorkerServer.start(**kw, port=taken)
 
 
+def _free_pair() -> int:
+    """A port P with P + 1 free as well, both left unbound."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            base = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+            return base
+    raise AssertionError("no two adjacent free ports")
+
+
+def test_the_environments_port_is_offset_by_the_local_rank(monkeypatch, capfd):
+    """The two-line API bound LIGHTKEEPER_WORKER_PORT as is: in a torchrun pod local rank 1
+    raised EADDRINUSE into the training script (rank 0 held the port), where `lightkeeper
+    run` and the trainer add LOCAL_RANK. Now it is a base everywhere; an environment's port
+    that is taken or no port is said in one line and served on an ephemeral one (the explicit
+    ``port=`` still raises)."""
+    base = _free_pair()
+    monkeypatch.setenv("LIGHTKEEPER_WORKER_PORT", str(base))
+    kw = {"replica_group": 0, "group_rank": 0, "group_world_size": 1}
+    started = []
+    try:
+        for local_rank in (0, 1):
+            monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+            started.append(WorkerServer.start(**kw))
+            assert started[-1].port == base + local_rank
+            assert requests.get(started[-1].url + "/healthz", timeout=2).status_code == 200
+        assert capfd.readouterr().err == ""
+        monkeypatch.setenv("LOCAL_RANK", "1")  # its port is taken: the job goes on, said
+        started.append(WorkerServer.start(**kw))
+        assert started[-1].port not in (0, base, base + 1)
+        assert requests.get(started[-1].url + "/healthz", timeout=2).status_code == 200
+        said = capfd.readouterr().err.splitlines()
+        assert len(said) == 1 and f"127.0.0.1:{base + 1}" in said[0] \
+            and "ephemeral port instead" in said[0], said
+        monkeypatch.setenv("LIGHTKEEPER_WORKER_PORT", "abc")
+        started.append(WorkerServer.start(**kw))
+        assert started[-1].port > 0
+        said = capfd.readouterr().err.splitlines()
+        assert len(said) == 1 and "LIGHTKEEPER_WORKER_PORT='abc' is not a port" in said[0] \
+            and "ephemeral port" in said[0], said
+        with pytest.raises(OSError):
+            WorkerServer.start(**kw, port=base)
+    finally:
+        for srv in started:
+            srv.stop()
+
+
 def test_a_token_from_a_secret_file_matches_without_its_newline():
     from http_serving.auth import bearer_token_matches
 

@@ -6,9 +6,9 @@ Two lines in any torchft training script, right after creating the ``Manager``::
     server = WorkerServer.start(manager, replica_group=int(os.environ["REPLICA_GROUP_ID"]))
 
 It binds 127.0.0.1 on an ephemeral port unless told otherwise (``host``/``port`` or
-``LIGHTKEEPER_WORKER_HOST`` / ``LIGHTKEEPER_WORKER_PORT``) and serves read-only endpoints;
-``LIGHTKEEPER_EXIT_TOKEN`` enables the monitor's actions on the rank (``POST /v1/exit``,
-``/v1/abort``, ``/v1/probe``). ``server="torch"`` (``LIGHTKEEPER_WORKER_SERVER=torch``) serves
+``LIGHTKEEPER_WORKER_HOST`` / ``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK``) and serves
+read-only endpoints; ``LIGHTKEEPER_EXIT_TOKEN`` enables the monitor's actions on the rank
+(``POST /v1/exit``, ``/v1/abort``, ``/v1/probe``). ``server="torch"`` (``LIGHTKEEPER_WORKER_SERVER=torch``) serves
 the read-only endpoints as handlers on torch's own per-rank server instead
 (:mod:`worker_server.torch_server`); where torch has none, Flask serves and one line says so.
 With ``LIGHTKEEPER_MONITOR=URL`` set it registers itself with that monitor and keeps
@@ -42,7 +42,7 @@ from http_serving import (
 
 from .abort import GlooConnections, NothingToAbort, abort_cross_group, watch_manager
 from .app import EXIT_AUTH, create_app
-from .autostart import say
+from .autostart import say, worker_port
 from .flight_recorder import IncarnationTracker, fr_dump
 from .instrument import instrument_manager
 from .metrics import WorkerMetrics
@@ -89,6 +89,16 @@ def port_number(value: Any, name: str) -> int:
     if not 0 <= port <= 65535:
         raise ValueError(f"{name}={value!r} is not a port (0-65535)")
     return port
+
+
+def _env_port(env) -> int:
+    """``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK`` (:func:`worker_port`), or 0 (ephemeral)
+    with one line when either is no number or the sum no port."""
+    try:
+        return worker_port(env)
+    except ValueError as e:
+        say(f"WorkerServer: {e}; serving on an ephemeral port instead")
+        return 0
 
 
 def serving() -> list[WorkerServer]:
@@ -297,7 +307,10 @@ class WorkerServer:
         ``server`` (else ``LIGHTKEEPER_WORKER_SERVER``, else ``"flask"``): ``"torch"`` serves the
         read-only endpoints as handlers on torch's server (:mod:`worker_server.torch_server`),
         Flask where this torch cannot. Raises ValueError for another value, ``OSError`` when
-        the port cannot be bound; a ``monitor_url`` (else ``LIGHTKEEPER_MONITOR``) entry that
+        ``port`` cannot be bound. Without ``port``: ``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK``
+        (torchrun's ranks of a node, one port each), else ephemeral; an environment with no
+        port, or one that is taken, is said in one line and the rank serves on an ephemeral
+        port (the job goes on). A ``monitor_url`` (else ``LIGHTKEEPER_MONITOR``) entry that
         is no URL is left out in one line, and the rank still serves and registers with the
         others (:func:`monitor_urls`). A ``manager`` that already has a server (``lightkeeper
         run``'s hook started one, :mod:`worker_server.autostart`) gets that server back,
@@ -318,17 +331,13 @@ class WorkerServer:
                                  else env.get("WORLD_SIZE", 1)),
             lighthouse=lighthouse or env.get("TORCHFT_LIGHTHOUSE"),
         )
-        state = RankState(identity, faults=faults)
         # the deprecated bearer is taken until the operator sets hmac (docs/worker_server.md)
         exit_auth = (env.get("LIGHTKEEPER_EXIT_AUTH") or "").strip().lower() or "any"
         if exit_auth not in EXIT_AUTH:
             raise ValueError(f"LIGHTKEEPER_EXIT_AUTH={env.get('LIGHTKEEPER_EXIT_AUTH')!r}: one "
                              f"of {', '.join(EXIT_AUTH)}")
-        server = cls(
-            state,
+        settings = dict(
             host=host or env.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",  # set empty: unset
-            port=port_number(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0),
-                             "port" if port is not None else "LIGHTKEEPER_WORKER_PORT"),
             # stripped, blank unset: a blank token would open a route no request can pass
             fault_handler=fault_handler,
             fault_token=(env.get("LIGHTKEEPER_FAULT_TOKEN") or "").strip() or None,
@@ -336,6 +345,16 @@ class WorkerServer:
             exit_auth=exit_auth,
             server=server_kind(server, env),
         )
+        bound = port_number(port, "port") if port is not None else _env_port(env)
+        try:
+            server = cls(RankState(identity, faults=faults), port=bound, **settings)
+        except OSError as e:
+            if port is not None or not bound:
+                raise
+            # the environment's port is the node's, not the script's: it must not end the job
+            say(f"WorkerServer: {e} (LIGHTKEEPER_WORKER_PORT + LOCAL_RANK); serving on an "
+                "ephemeral port instead")
+            server = cls(RankState(identity, faults=faults), port=0, **settings)
         if manager is not None:
             server.attach(manager)
         server.serve()
