@@ -473,6 +473,36 @@ def test_a_token_from_a_secret_file_matches_without_its_newline():
     assert not bearer_token_matches("Bearer ", " \n")  # a blank token still matches nothing
 
 
+def test_a_token_no_header_carries_is_said_as_such(monkeypatch, capfd):
+    """A registration token with a character outside Latin-1 failed every request with a
+    UnicodeEncodeError, said as "it is not an http(s)://host:port URL": the operator checked
+    the monitor's address. Now the token is named (never shown) and nothing is sent."""
+    import socket
+
+    from lightkeeper.processes import wait_until
+
+    token = "s3cr\u20acT"  # the euro sign: no Latin-1 for it
+    monkeypatch.setenv("LIGHTKEEPER_REGISTER_TOKEN", token)
+    err: list[str] = []
+
+    def said() -> bool:
+        err.extend(capfd.readouterr().err.splitlines())
+        return bool(err)
+
+    with socket.socket() as monitor:  # a monitor's address that listens
+        monitor.bind(("127.0.0.1", 0))
+        monitor.listen()
+        srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
+                                 monitor_url=f"http://127.0.0.1:{monitor.getsockname()[1]}")
+        try:
+            wait_until(said, 5, what="a line about the registration")
+        finally:
+            srv.stop()
+    err.extend(capfd.readouterr().err.splitlines())
+    assert len(err) == 1 and "LIGHTKEEPER_REGISTER_TOKEN" in err[0], err
+    assert "not ASCII/Latin-1" in err[0] and "URL" not in err[0] and token not in err[0], err
+
+
 def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, capfd):
     """A mistyped LIGHTKEEPER_MONITOR left the rank unmonitored without a word (debug only):
     said once on stderr, whatever the job's logging, in a few words (not urllib3's reprs),

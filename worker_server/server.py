@@ -406,15 +406,23 @@ class WorkerServer:
     def register_with(self, monitor_url: str, token: str | None = None) -> None:
         """Keep this rank registered with a monitor (``POST {monitor}/v1/targets``) with its
         registration ``token`` (:func:`registration_token`). A refusal is logged once per
-        status and retried; the rank keeps training either way."""
+        status and retried; a token no HTTP header carries (not Latin-1) is said once, and
+        nothing is sent; the rank keeps training either way."""
         body = {
             "url": self.url,
             "job": self.state.identity.job,
             "replica_group": self.state.identity.replica_group,
             "rank": self.state.identity.rank,
         }
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         shown = redact_url(monitor_url)
+        try:  # HTTP sends header values as Latin-1: anything else fails every request
+            (token or "").encode("latin-1")
+        except UnicodeEncodeError:
+            say(f"not registering with monitor {shown}: its registration token "
+                "(LIGHTKEEPER_REGISTER_TOKEN or LIGHTKEEPER_TOKEN) is not ASCII/Latin-1 text, "
+                "which no HTTP header carries; this rank is not monitored")
+            return
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             basic = "@" in urlsplit(monitor_url).netloc  # requests sends its Basic auth
         except ValueError:  # no URL: the loop says so
