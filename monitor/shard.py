@@ -14,7 +14,7 @@ from typing import Any
 
 from http_serving import redact_url
 
-from .act.enforcer import blindness_of, out_of_sight
+from .act.enforcer import out_of_sight
 from .act.trouble import Trouble
 from .config import ShardConfig
 from .lease import KV, Etcd, EtcdError, SessionLease, created_never, leased_by, modified_at
@@ -175,18 +175,19 @@ class Shards:
             records_rev = max((kv.mod_revision for kv in records.values()), default=0)
             self.sent_kills = {rid for rid, kv in records.items()
                                if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
+            # the single monitor's rail: reach outside the groups gone (the job's kills, and
+            # those the Lighthouse no longer hears while no more than the groups reached), so
+            # a kill of its slice blinds it to no other. A slice with no rank while a target's
+            # group is known (more shards than groups, or its groups left) has nothing to be cut
+            # off from: blind, it would hold every kill
+            blind = mon.enforcer.blind_to_kills(
+                evidence, mon.lighthouse_status, unheard=True, also=self.sent_kills,
+                who=f"shard {self.cfg.index}", heard=not (view.ranks or self._unplaced))
             # the proposals it keeps while their group is out of sight: the leader holds them.
             # Not acting (its lease lapsed), it withdraws nothing, so vouches for none: all held
-            kept = self._propose_findings(view, evidence, now, records) if self.acting() \
-                else set(self._proposed)
+            kept = self._propose_findings(view, evidence, now, records, blind) \
+                if self.acting() else set(self._proposed)
             self._mirror_evictions(records)
-            # a slice with no rank while a target's group is known (more shards than groups, or
-            # its groups left) has nothing to be cut off from: blind, it would hold every kill.
-            # A group the Lighthouse no longer hears still counts: it may live on under a new
-            # replica id this shard is cut off from (torchft's restarts take a new one)
-            blind = blindness_of(evidence, mon.blind_reason(), mon.cfg.rails,
-                                 f"shard {self.cfg.index}",
-                                 heard=not (view.ranks or self._unplaced))
             self._report(self.session.lease, {  # granted anew if it lapsed while proposing
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
@@ -281,9 +282,10 @@ class Shards:
         self.held_by = {k: other.get(k) for k in ("monitor", "run", "at")}
 
     def _propose_findings(self, view: Any, evidence: Any, now: float,
-                          records: dict[str, KV]) -> set[str]:
-        """The enforcer's decisions under the shard's own rails, a proposal for each eviction
-        (min replicas and cooldown are the leader's); then the withdrawals. Returns the replica
+                          records: dict[str, KV], blind: str | None) -> set[str]:
+        """The enforcer's decisions under the shard's own rails, ``blind`` its report's, a
+        proposal for each eviction (min replicas and cooldown are the leader's); then the
+        withdrawals. Returns the replica
         ids of the proposals kept while their group is out of sight (all, if none withdrawn)."""
         mon = self.mon
         wanted: set[str] = set()
@@ -307,7 +309,7 @@ class Shards:
             return True
 
         local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
-        decided = mon.enforcer.decide(view, evidence, now, local, propose)
+        decided = mon.enforcer.decide(view, evidence, now, local, propose, lambda _: blind)
         # its group out of sight, a proposal made stays while its finding is open (it resolves
         # as left_job after --dead-sweeps): a flapping group is not proposed, with a bundle
         # fetched, and withdrawn every other sweep, even where that makes the shard blind (a

@@ -778,6 +778,7 @@ class _Monitor:
     def __init__(self, etcd_url: str, prefix: str, index: int | None) -> None:
         from types import SimpleNamespace
 
+        from monitor.act.enforcer import Enforcer
         from monitor.api.metrics import MonitorMetrics
         from monitor.config import MonitorConfig, RailsConfig, ShardConfig
         from monitor.store import Store
@@ -793,11 +794,14 @@ class _Monitor:
         self.views = SimpleNamespace(changed=[])
         self.detectors = SimpleNamespace(open_findings=lambda: [f for f, _ in
                                                                 self.open.values()])
+        self.lighthouse_status = None  # the sweep's read: none, so no group is heard gone
+        rule = SimpleNamespace(store=self.store, blind=self.blind_reason, cfg=self.cfg)
         self.enforcer = SimpleNamespace(
-            decide=self._decide, keep_bundle=lambda *a: None, blindness=lambda view: None,
+            decide=self._decide, keep_bundle=lambda *a: None,
+            blind_to_kills=lambda *a, **k: Enforcer.blind_to_kills(rule, *a, **k),
             finding_id=lambda key: self.open[key][1])
 
-    def _decide(self, view, evidence, now, rails, evict) -> bool:
+    def _decide(self, view, evidence, now, rails, evict, blind=None) -> bool:
         """Enforcer.decide's rails for a finding in sight (the quorum: groups 0, 1, 2)."""
         from monitor.act.decisions import Situation, decide
 

@@ -113,6 +113,7 @@ class Enforcer:
         self._host_actions: threading.Thread | None = None
         self.dead = DeadGroups()
         self._vouched: dict[str, Any] = {}  # replica id -> its GroupView as last verified
+        self.heard: LighthouseStatus | None = None  # the sweep's Lighthouse status, for the rail
         self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
                                               else None, cfg.kill_timeout_s, cfg.rank_auth,
                                               self.claims),
@@ -194,6 +195,7 @@ class Enforcer:
         DeadGroups), the quarantine policy, then due sink actions on a background thread
         (a slow sink never delays a sweep). Never raises."""
         try:
+            self.heard = lighthouse  # the rail's (decide follows on the single monitor)
             # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
             # its Manager gone and a bare rank still up): no host's fault
             killed = self.store.evicted_replica_ids()
@@ -249,12 +251,14 @@ class Enforcer:
         return blindness_of(view, None, self.cfg.rails)
 
     def blind_to_kills(self, view: ClusterView, lighthouse: LighthouseStatus | None = None,
-                       unheard: bool = False) -> str | None:
+                       unheard: bool = False, also: Collection[str] = (),
+                       who: str = "the monitor", heard: bool | None = None) -> str | None:
         """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
-        because of the monitor's own kills), ``lighthouse`` heard when given. ``unheard``: nor
+        because of the monitor's own kills, or ``also``: a shard's leader's), ``lighthouse``
+        heard when given (``heard``: whether knowing none is seen, if not so). ``unheard``: nor
         of groups it reaches none of that ``lighthouse`` does not hear (gone, as both agree),
         while they are no more than the groups it reaches (else both may be cut off together)."""
-        gone = self.store.told_to_go_replica_ids()
+        gone = self.store.told_to_go_replica_ids() | set(also)
         if unheard and lighthouse is not None:
             groups = (view.evidence_view or view).groups.values()
             lost = {gv.replica_id for gv in groups if gv.replica_id and not gv.reachable
@@ -263,8 +267,15 @@ class Enforcer:
             # cut off together (say, on one group's node), not the job
             if len(lost) <= sum(1 for gv in groups if gv.reachable):
                 gone |= lost
-        return blindness_of(view, self.blind(), self.cfg.rails, gone=gone,
-                            heard=lighthouse is not None and not unheard)
+        return blindness_of(view, self.blind(), self.cfg.rails, who, gone=gone,
+                            heard=lighthouse is not None and not unheard if heard is None
+                            else heard)
+
+    def rail_blindness(self, view: ClusterView) -> str | None:
+        """The ``monitor_blind`` rail: reach outside the groups gone (:meth:`blind_to_kills`,
+        ``unheard``), by the Lighthouse's status judge_hosts was given just before decide. A
+        dead group's own ranks then count against no eviction, its own included."""
+        return self.blind_to_kills(view, self.heard, unheard=True)
 
     def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
@@ -365,8 +376,10 @@ class Enforcer:
 
     def situation(self, view: ClusterView, evidence: ClusterView, now: float,
                   in_quorum: dict[str | None, set[int]] | None = None,
-                  drained: set[int] | None = None) -> Situation:
-        """Reachability from every known rank; the quorum from verified ranks, less the groups
+                  drained: set[int] | None = None,
+                  blind: Callable[[ClusterView], str | None] | None = None) -> Situation:
+        """Reachability from every known rank outside the groups gone (``blind``: a shard's
+        rule, else :meth:`rail_blindness`); the quorum from verified ranks, less the groups
         sent a kill and those on a quarantined host (``drained``), which are going down."""
         evicted = self.store.evicted_replica_ids()
         if in_quorum is None:
@@ -379,13 +392,15 @@ class Enforcer:
             groups -= in_quorum.get(rid, set())
         return Situation(now=now, groups_in_quorum=groups, evicted_replica_ids=evicted,
                          last_eviction_at=self.store.last_eviction_at(),
-                         blind_reason=self.blindness(view))
+                         blind_reason=(blind or self.rail_blindness)(view))
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float,
                rails: RailsConfig | None = None,
-               evict: Callable[[Finding], bool] | None = None) -> bool:
+               evict: Callable[[Finding], bool] | None = None,
+               blind: Callable[[ClusterView], str | None] | None = None) -> bool:
         """Evict or hold every open finding of an evictable kind, except those out_of_sight. A
-        shard gives its ``rails`` and ``evict`` (its proposal): False from it stops the loop."""
+        shard gives its ``rails``, ``evict`` (its proposal: False from it stops the loop) and
+        ``blind`` (its report's blindness)."""
         rails = rails or self.cfg.rails
         in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
@@ -395,7 +410,7 @@ class Enforcer:
                 if in_quorum is None:
                     in_quorum = in_quorum_by_replica_id(evidence)
                     drained = drained_groups(evidence, self.hosts.quarantined())
-                s = self.situation(view, evidence, now, in_quorum, drained)
+                s = self.situation(view, evidence, now, in_quorum, drained, blind)
                 s.quarantine_held = self.hosts.held_back_on(f.to_dict(),
                                                             s.evicted_replica_ids, now)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, rails)
