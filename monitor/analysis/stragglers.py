@@ -16,7 +16,8 @@ from .model import GroupKey, GroupTrace, RankTrace
 from .steps import _period
 
 Hit = tuple[float, GroupKey, dict[str, Any]]  # (z, group, what the finding reports)
-Class = tuple[GroupKey, int | None]  # a group's collectives of one signature (None: all of them)
+# a group's collectives of one signature (None: all of them), or at one position in its step
+Class = tuple[GroupKey, int | None, int | None]  # (group, signature, position)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class StragglerEvidence:
         self.traces = traces
         self.tallies: dict[Class, dict[int, _Tally]] = {}
         self.period_ms: dict[GroupKey, float] = {}
+        self.pattern: dict[GroupKey, int] = {}  # collectives a step, where tallied per position
         # (group, (a, b)) -> how much later b arrived than a, per step (or collective), in order
         self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
         self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], tuple[str, int]] = {}  # (kind, step)
@@ -89,13 +91,21 @@ class StragglerEvidence:
                 self.unchecked["own_hosts" if named else "no_host"].append(key)
         first = rows[members[0]]
         sigs = _window(first.sigs, first.first_seq, lo, hi)
+        varied = len(set(sigs)) > 1
+        pair = any(len(ranks) == 2 for ranks in subsets)
         pattern = step = 1
-        if any(len(ranks) == 2 for ranks in subsets):
-            # a pair's lags are summed per step (one period of its pattern of collectives, read
-            # from its newest 600, also before the window): a rank slow before a step's first
-            # collective is late there only, the rest of the step in sync
+        if pair or (varied and subsets):
+            # a rank slow before a step's first collective is late there only, the rest of the
+            # step in sync: a pair's lags are summed per step (one period of its pattern of
+            # collectives, read from its newest 600, also before the window), a larger group's
+            # collectives judged per position in the step
             end = hi - first.first_seq + 1
-            pattern = _period(first.sigs[max(0, end - 600):end], -1) or 1
+            recent = first.sigs[max(0, end - 600):end]
+            found = _period(recent, -1)
+            if found == 1 and varied:  # long runs of one signature hold period 1 for 9 in 10
+                found = _period(_runs(recent), -1)
+            pattern = found or 1
+        if pair:
             step = pattern if (hi - lo + 1) // pattern >= config.pair_windows else 1
             self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)[::step]
                                               for r in members[:3]])
@@ -109,19 +119,27 @@ class StragglerEvidence:
             if len(ranks) == 2:
                 self._pair(key, ranks, cols, kind, step, step == pattern, config)
                 continue
-            if len(set(sigs)) < 2:
-                self._tally(key, None, ranks, cols, kind, config)
+            if not varied:
+                self._tally((key, None, None), ranks, cols, kind, config)
                 continue
             # a rank late into one of a step's collectives is last at too few of the group's
-            # to stand out: each signature's collectives are judged on their own too
+            # to stand out: each position in the step (one signature; a signature may repeat in
+            # a step, as FSDP's all_gathers of identical blocks), else each signature, on its own
             cols = list(cols)
-            self._tally(key, None, ranks, cols, kind, config)
+            self._tally((key, None, None), ranks, cols, kind, config)
+            if pattern > 1:
+                self.pattern[key] = pattern
+                for pos in range(pattern):
+                    part = cols[pos::pattern]
+                    if len(part) >= config.min_collectives:
+                        self._tally((key, sigs[pos], pos), ranks, part, kind, config)
+                continue
             by_sig: defaultdict[int, list] = defaultdict(list)
             for sig, col in zip(sigs, cols, strict=True):
                 by_sig[sig].append(col)
             for sig, part in by_sig.items():
                 if sig is not None and len(part) >= config.min_collectives:
-                    self._tally(key, sig, ranks, part, kind, config)
+                    self._tally((key, sig, None), ranks, part, kind, config)
 
     def _pair(self, key: GroupKey, ranks: list[int], cols: Any, kind: str, step: int, whole: bool,
               config: StragglerConfig) -> None:
@@ -138,8 +156,7 @@ class StragglerEvidence:
             self.pairs.setdefault(pair, []).extend(gaps)
             self.pair_kind[pair] = (kind, step)
 
-    def _tally(self, key: GroupKey, sig: int | None, ranks: list[int], cols: Any, kind: str,
-               config: StragglerConfig) -> None:
+    def _tally(self, cls: Class, ranks: list[int], cols: Any, kind: str, config: StragglerConfig) -> None:
         n = len(ranks)
         p = 1.0 / n
         used = 0
@@ -173,7 +190,7 @@ class StragglerEvidence:
             return
         if used >= config.min_collectives:  # fewer time no one (a bundle's few since its onset)
             self.compared.update(ranks)
-        group = self.tallies.setdefault((key, sig), {})
+        group = self.tallies.setdefault(cls, {})
         for i, r in enumerate(ranks):
             t = group.setdefault(r, _Tally(kind))
             t.observed += used
@@ -188,7 +205,7 @@ class StragglerEvidence:
         """``(stragglers, lags)``: one straggler finding per rank (its strongest group's), a lag
         per pair where nothing else agrees."""
         flagged: dict[int, list[Hit]] = defaultdict(list)
-        for (key, sig), group in self.tallies.items():
+        for (key, sig, pos), group in self.tallies.items():
             rates = sorted(t.late / t.observed for t in group.values())
             typical = min(max(rates[(len(rates) - 1) // 2], 0.02), 0.98)
             floor = None
@@ -201,6 +218,13 @@ class StragglerEvidence:
                 wait_last, wait_late = _median(t.waits), _median(t.late_waits)
                 by_last = last / observed >= config.min_fraction and z_last >= config.min_z and wait_last >= config.min_wait_ms
                 by_late = late / observed >= config.min_fraction and z_late >= config.min_z and wait_late >= config.min_wait_ms
+                if pos is not None:
+                    # a step's many positions, each of few collectives (one a step): jitter makes
+                    # one rank stand out at one of them unless each is held to chance divided
+                    # among them, exactly (a binomial tail), and by last only (a typical rank's
+                    # rate of being late, from so few, is too rough)
+                    chance = 0.5 * math.erfc(config.min_z / math.sqrt(2)) / self.pattern[key]
+                    by_last, by_late = by_last and _tail(observed, last, 1 / len(group)) <= chance, False
                 if not (by_last or by_late):
                     continue
                 if floor is None:  # only for a group with a candidate: it reads every rank's enqueues
@@ -211,7 +235,7 @@ class StragglerEvidence:
                     z, wait = (z_last, wait_last) if by_last else (z_late, wait_late)
                     flagged[rank].append(
                         (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait,
-                                  "expected": t.expected, "kind": t.kind, "sig": sig})
+                                  "expected": t.expected, "kind": t.kind, "sig": sig, "pos": pos})
                     )
         out, lags = [], []
         for rank, hits in self._pair_hits(config).items():
@@ -286,10 +310,12 @@ class StragglerEvidence:
         else:
             sig = best.get("sig")
             which = "" if sig is None else f" {self.traces[rank].signatures[sig].op}"
+            which += " collectives" + (f", the same one of each step's {self.pattern[key]}"
+                                       if best.get("pos") is not None else "")
             detail = (
                 f"in group {key.label()} rank {rank} arrived last at {best['last']} and "
                 f">= {config.min_wait_ms:g} ms after the median rank at {best['late']} of "
-                f"{observed}{which} collectives (chance of last {best['expected'] / observed:.0%}); "
+                f"{observed}{which} (chance of last {best['expected'] / observed:.0%}); "
                 f"its peers waited a median {best['wait']:.2f} ms for it ({best['kind']})"
             )
         return StragglerFinding(
@@ -312,6 +338,23 @@ def _period_ms(created: list[Any]) -> float:
         if steps:
             periods.append(_median(steps) / 1e6)
     return _median(periods) if periods else math.nan
+
+
+def _runs(sigs: list[int | None]) -> list[Any]:
+    """Each signature with its place in its run of equal ones: a step of long runs (FSDP's
+    identical blocks, all_gathers then reduce_scatters) repeats only over the whole step."""
+    out, run = [], 0
+    for i, sig in enumerate(sigs):
+        run = run + 1 if i and sig == sigs[i - 1] else 0
+        out.append((sig, run))
+    return out
+
+
+def _tail(n: int, k: int, p: float) -> float:
+    """The chance of at least ``k`` of ``n`` trials, each ``p``."""
+    lp, lq, ln = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    return sum(math.exp(ln - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+               for i in range(k, n + 1))
 
 
 def _median(values: list[float]) -> float:

@@ -1,0 +1,77 @@
+"""Eight ranks, one slow before each step's first collective (a slow data loader, a throttled
+CPU): the others wait in that collective only, the step's others run in sync. Where that
+collective's signature repeats in the step (FSDP's all_gathers of identical blocks) the rank is
+last at 1 of 8 of its signature's collectives, which no tally per signature names: a group's
+collectives are also judged per position in its step (docs/analyze.md, Stragglers)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from monitor.analysis import analyze
+from tests.support.frgen import FRJob
+
+LATE_RANK = 5
+
+
+def fsdp_job(flavour: str, seed: int, late: bool, steps: int = 40, blocks: int = 8,
+             last: tuple[str, int] = ("all_reduce", 1)) -> FRJob:
+    """8 ranks on one host, one group: each step ~60 ms of loading and compute before its first
+    collective, then ``blocks`` same-size all_gathers and ``last`` (op, how many) ~5 ms apart,
+    every rank 0-4 ms of uniform jitter before each; ``late``: ``LATE_RANK`` 30-60 ms later into
+    the first all_gather."""
+    job = FRJob(8, flavour=flavour, hosts=dict.fromkeys(range(8), "h0"), jitter_ms=0.0, compute_ms=5.0,
+                seed=seed)
+    rng = random.Random(seed + 100)
+    for _ in range(steps):
+        for i in range(blocks + last[1]):
+            delay = {r: rng.uniform(0.0, 4.0) + (55.0 if i == 0 else 0.0) for r in range(8)}
+            if late and i == 0:
+                delay[LATE_RANK] += rng.uniform(30.0, 60.0)
+            op, sizes = ("all_gather", [[512]]) if i < blocks else (last[0], [[4096]])
+            job.collective("0", op, sizes, delay_ms=delay)
+    return job
+
+
+def dumps(job: FRJob) -> dict:
+    """The job's dumps, each naming its host (gloo's enqueue times are compared within one)."""
+    return {r: {**d, "host": job.host_of(r)} for r, d in job.dumps().items()}
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rank_late_into_the_first_of_repeated_all_gathers_is_a_straggler(flavour, seed):
+    result = analyze(dumps(fsdp_job(flavour, seed, late=True)))
+    (found,) = result.findings
+    assert (found.kind, found.culprit_ranks, found.pg, found.collectives) == ("straggler", [LATE_RANK], "0", 40), found
+    assert 25.0 < found.median_wait_ms < 65.0, found
+    assert "40 all_gather collectives, the same one of each step's 9" in found.detail, found.detail
+    assert result.lags == []
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_repeated_all_gathers_with_jitter_only_have_no_straggler(flavour, seed):
+    result = analyze(dumps(fsdp_job(flavour, seed, late=False)))
+    assert result.findings == [] and result.lags == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ten_steps_of_jitter_only_have_no_straggler(seed):
+    """Nine positions of ten collectives each: one rank or another is last or late at half of
+    one of them by chance, which a tally of so few must not call a straggler."""
+    for flavour in ("nccl", "gloo"):
+        result = analyze(dumps(fsdp_job(flavour, seed, late=False, steps=10)))
+        assert result.findings == [] and result.lags == [], flavour
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_a_step_of_long_runs_of_one_signature_is_judged_per_position(late):
+    """16 all_gathers then 16 reduce_scatters a step: period 1 holds for 30 of 32 collectives,
+    yet the step repeats only whole."""
+    result = analyze(dumps(fsdp_job("gloo", 3, late=late, blocks=16, last=("reduce_scatter", 16))))
+    assert [f.culprit_ranks for f in result.findings] == ([[LATE_RANK]] if late else []), result.findings
+    if late:
+        assert "the same one of each step's 32" in result.findings[0].detail, result.findings[0].detail
