@@ -234,8 +234,10 @@ def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, comp
         return f"no readable dump of any rank that waited for them ({', '.join(map(str, waited))})"
     if kind == "straggler" and compared is not None and not set(named) <= compared:
         since = onset_ns({"kind": kind}, finding) is not None
+        # which one fell short the engine does not say: a pair needs both
         return f"no other rank could be timed against rank(s) {spans}" + (
-            f" over {StragglerConfig.min_collectives} or more collectives since the finding's onset" if since else "")
+            f" since the finding's onset: fewer than {StragglerConfig.min_collectives} collectives, or (two "
+            f"ranks compared) fewer than {StragglerConfig.pair_windows} whole steps" if since else "")
     return None
 
 
