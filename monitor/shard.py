@@ -91,6 +91,13 @@ class Shards:
         self.etcd_trouble = Trouble(f"shard {cfg.index} cannot report or propose", f"etcd answers "
                                     f"again: shard {cfg.index} reports and proposes", log=log)
         self._retry_at = float("-inf")  # etcd failed: asked again from then (monotonic)
+        # set up so that nothing acts on it: its index held by a shard of another --shards, or
+        # no leader under its prefix (a wrong --etcd-prefix or --job); its error, said
+        self.misconfig = Trouble(f"shard {cfg.index}/{cfg.shards}: nothing acts on it",
+                                 f"shard {cfg.index}/{cfg.shards}: set up right again",
+                                 logging.ERROR, log)
+        self._stray: str | None = None  # why its index is another --shards' (_report)
+        self._leader_at = time.monotonic()  # when a leader key was last seen (or the start)
         self.sent_kills: set[str] = set()  # the job's kills the leader sent, any slice's
         self.proposals_made = 0
         self.leader: Leader | None = None
@@ -198,12 +205,31 @@ class Shards:
                 "reporting": sorted({rid for gv in view.groups.values()
                                      for rid in gv.reported_replica_ids if rid})}, asked_at)
             self.etcd_trouble.update(None, now)
+            self.misconfig.update("; ".join(filter(None, (self._stray, self._no_leader())))
+                                  or None, now)
         except EtcdError as e:
             self.etcd_trouble.update(str(e), now)
             self._back_off(e)
         m = mon.metrics
-        m.shard_etcd_up.labels(m.job, "shard").set(0 if self.etcd_trouble.error else 1)
+        # 0: it proposes nothing anyone acts on, for either reason
+        m.shard_etcd_up.labels(m.job, "shard").set(0 if self.error else 1)
         m.shard_standby.labels(m.job).set(1 if self.holds is False else 0)
+
+    @property
+    def error(self) -> str | None:
+        return self.etcd_trouble.error or self.misconfig.error
+
+    def _no_leader(self) -> str | None:
+        """Why no leader acts on this shard: no ``leader`` key under its prefix for 3 lease
+        TTLs (a leader's lapse is replaced within one); None once one is seen."""
+        now = time.monotonic()
+        if self.etcd.get(self.root + "leader") is not None:
+            self._leader_at = now
+        elif now - self._leader_at > 3 * self.cfg.lease_ttl_s:
+            return (f"no leader under {self.root} for {now - self._leader_at:.0f} s: nothing "
+                    "acts on its proposals (the leader's --etcd-prefix and --job must be its "
+                    "own)")
+        return None
 
     def acting(self) -> bool:
         """Whether this run may act for its slice (abort, tell orphans to exit, fetch bundles,
@@ -263,6 +289,7 @@ class Shards:
         did = self.etcd.put_if([leased_by(key, lease)], key, report, lease)[0] \
             or self.etcd.put_if([created_never(key)], key, report, lease)[0]
         where = f"shard {self.cfg.index}/{self.cfg.shards}"
+        self._stray = None
         if did:
             if self.holds is False:
                 log.warning("%s: the other monitor's lease ended: this one reports and "
@@ -274,7 +301,12 @@ class Shards:
         kv = self.etcd.get(key)
         other = kv.json() if kv is not None else None
         other = other if isinstance(other, dict) else {}
-        if self.holds is not False:
+        n = other.get("shards")
+        if n != self.cfg.shards:  # one of them was given the wrong --shards: never let go
+            self._stray = (f"{where} is held by a monitor of --shards {n} ({other.get('monitor')}"
+                           f", shard {other.get('shard')}/{n}): the job's slices are cut "
+                           f"{self.cfg.shards} or {n} ways, not both; stop the wrong one")
+        elif self.holds is not False:
             log.warning("%s is already run by another monitor (%s, run %s): this one stands by, "
                         "proposing nothing, until that one's lease ends", where,
                         other.get("monitor"), other.get("run"))
@@ -506,7 +538,7 @@ class Shards:
         e = self.leader.election if self.leader else None
         return {"index": self.cfg.index, "shards": self.cfg.shards, "lead": self.cfg.lead,
                 "etcd": redact_url(self.cfg.etcd), "prefix": self.root, "held_by": self.held_by,
-                "error": self.etcd_trouble.error, "standby": self.holds is False,
+                "error": self.error, "standby": self.holds is False,
                 # read, not judged: only the sweep says a lapse (a status read changes no log)
                 "acting": bool(self.holds) and time.monotonic() < self._holds_until,
                 "proposals_made": self.proposals_made,

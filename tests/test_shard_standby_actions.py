@@ -24,7 +24,7 @@ import monitor.shard
 from monitor.api.views import incidents_json
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.lease import Etcd, EtcdError, SessionLease
+from monitor.lease import Etcd, EtcdError, LeaderLease, SessionLease
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks
 from tests.test_hosts import RecordingSink
@@ -383,6 +383,8 @@ def test_a_holder_proposing_evictions_for_longer_than_its_lease_keeps_it(tmp_pat
     sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
     mon = _holder(tmp_path, sim, Etcd(real_etcd), BundleConfig(timeout_s=1.5))
     etcd = Etcd(real_etcd)
+    leader = LeaderLease(etcd, ROOT + "leader", {"name": "leader"}, 60)  # one acts on it
+    assert leader.campaign()
     try:
         mon.sweep_once()
         assert mon.cluster_json()["shard"]["acting"] is True
@@ -405,6 +407,7 @@ def test_a_holder_proposing_evictions_for_longer_than_its_lease_keeps_it(tmp_pat
         assert report is not None and report.json()["run"] == mon.shard.run
         assert len(incidents_json(mon)["bundles"]) == 3  # kept before each proposal
     finally:
+        leader.resign()
         etcd.close()
         mon.stop()
         sim.stop()
