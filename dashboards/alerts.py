@@ -191,12 +191,16 @@ ALERTS = [
         "LightkeeperShardCannotAct",
         "max by (job, instance, role) (lightkeeper_monitor_shard_etcd_up) == 0", "1m",
         "warning",
-        "A sharded monitor of job {{ $labels.job }} cannot reach etcd ({{ $labels.role }})",
+        "A sharded monitor of job {{ $labels.job }} cannot act ({{ $labels.role }})",
         "The {{ $labels.role }} at {{ $labels.instance }} has had no answer from etcd for a "
-        "minute: a shard proposes no eviction, a leader sends no kill. Findings are still "
-        "confirmed and shown, but none is acted on.",
+        "minute, or (a shard) is set up so that nothing acts on it: its --shard index held by "
+        "a monitor of another --shards, or no leader under its --etcd-prefix and --job. A "
+        "shard proposes no eviction, a leader sends no kill. Findings are still confirmed and "
+        "shown, but none is acted on.",
         "GET /v1/cluster on that monitor (shard.error, shard.leader_error) and its log say "
-        "what etcd answered; check etcd's health and the --etcd URL.",
+        "what etcd answered or which setting is wrong; check etcd's health and the --etcd "
+        "URL, or stop the monitor of the wrong --shards, or give the shards the leader's "
+        "--etcd-prefix and --job.",
         CASES["LightkeeperShardCannotAct"]),
     Alert(
         "LightkeeperShardNoLeader",

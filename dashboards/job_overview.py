@@ -12,6 +12,7 @@ from .promql import (
     RI,
     J,
     active_sum,
+    finding_events,
     group_heals,
     group_steps,
     not_standby,
@@ -117,7 +118,7 @@ def job_overview() -> dict:
     L.add(timeseries(
         "Findings and evictions",
         "Confirmed findings by kind and eviction requests by replica group (monitor).",
-        targets((step_events("lightkeeper_monitor_findings_total", J, "kind", standby=False),
+        targets((finding_events(J, "kind"),
                  "finding: {{kind}}"),
                 # only the monitor that sends a kill counts it, a --lead one standing by for
                 # its own --shard included: no standby copy to leave out
@@ -134,7 +135,7 @@ def job_overview() -> dict:
             color="red", tags="replica_group"),
         P.prometheus_annotation(
             "Findings",
-            step_events("lightkeeper_monitor_findings_total", J, "job, kind, replica_group")
+            finding_events(J, "job, kind, replica_group")
             + " > 0",
             title="Finding: {{kind}} in replica group {{replica_group}}",
             text="The monitor confirmed a {{kind}} finding",

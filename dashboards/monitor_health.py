@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import panels as P
 from .common import IN_QUORUM, LINKS, TAG, UID_MONITOR, job_variable
 from .panels import Layout, stat, table, target, targets, timeseries
-from .promql import RI, J, active_sum, events, step_events, step_growth
+from .promql import RI, J, active_sum, events, finding_events, step_events, step_growth
 
 # per group 1 in the quorum, 0 out, -1 stuck starting (one never in a quorum has no in_quorum)
 _STUCK = f"max by (replica_group) (lightkeeper_monitor_replica_group_stuck_starting{{{J}}})"
@@ -96,7 +96,9 @@ def monitor_health() -> dict:
     L.add(P.state_timeline(
         "etcd reachable, by monitor and role",
         "Whether each sharded monitor's last exchange with etcd succeeded: a shard that cannot "
-        "reach it proposes no eviction, a leader sends no kill (LightkeeperShardCannotAct).",
+        "reach it proposes no eviction, a leader sends no kill (LightkeeperShardCannotAct). A "
+        "shard set up so that nothing acts on it (its index held by another --shards, no "
+        "leader under its prefix) shows 0 too: shard.error in /v1/cluster says which.",
         [target(f"max by (instance, role) (lightkeeper_monitor_shard_etcd_up{{{J}}})",
                 "{{instance}} {{role}}")],
         mappings=P.value_mappings({"1": ("up", "green"), "0": ("unreachable", "red")})), 12, 6)
@@ -113,7 +115,7 @@ def monitor_health() -> dict:
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(
         "Findings by kind", "Confirmed findings per interval, by kind.",
-        [target(step_events("lightkeeper_monitor_findings_total", J, "kind", standby=False),
+        [target(finding_events(J, "kind"),
                 "{{kind}}")],
         draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(

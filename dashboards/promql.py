@@ -149,6 +149,18 @@ def step_events(metric: str, sel: str, by: str, standby: bool = True) -> str:
     return f"sum by ({by}) ({grew if standby else not_standby(grew)})"
 
 
+def finding_events(sel: str, by: str) -> str:
+    """Findings confirmed since the previous step, by ``by``, standby shards' copies left out:
+    a group's summed over the job's monitors (one shard owns the group), a job-wide one
+    (``replica_group="job"``: job_stall, job_slow, which every shard finds over its slice) the
+    most any one monitor counted, so one stall the N shards each see counts once."""
+    m = "lightkeeper_monitor_findings_total"
+    keep = ", ".join(dict.fromkeys([*(x.strip() for x in by.split(",")), "replica_group"]))
+    groups = step_events(m, f'{sel}, replica_group!="job"', keep, standby=False)
+    job = step_events(m, f'{sel}, replica_group="job"', f"{keep}, instance", standby=False)
+    return f"sum by ({by}) ({groups} or max by ({keep}) ({job}))"
+
+
 def group_heals(sel: str) -> str:
     """Each replica group's heals since the previous step (its ranks heal alike: the most of
     any rank), from the recorded growth (RANK_HEALS), each record counted at one step."""
