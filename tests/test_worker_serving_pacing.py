@@ -293,3 +293,38 @@ def test_a_held_refusal_is_sent_when_no_thread_is_left_for_its_waker(monkeypatch
     finally:
         held.close()
         server.stop()
+
+
+
+def test_a_named_agents_look_is_answered_and_a_loop_of_it_still_refused(monkeypatch):
+    """No slot free: the monitor's stacks and dump asked at once, and a dump asked again right
+    after the sweep's, are answered (the first on each route at once, the next paced on its
+    own thread); any client can send that User-Agent, so a third on one route within HOLD_S is
+    refused as anyone's, and a read of another route shares one allowance."""
+    monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 0.3)
+    monkeypatch.setattr(worker_metrics, "HOLD_S", 5.0)  # every ask below within it
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    metrics = WorkerMetrics(_state())
+    server = BackgroundWSGIServer(metrics.count_cpu(app, paced_slots=0)).start()
+    monitor = MONITOR_AGENT + "/1"
+
+    def read(path: str) -> tuple[int, float]:
+        metrics.served(10.0)  # an expensive read just before: the next one waits 0.3 s
+        return _get(server.port, monitor, path)
+
+    try:
+        stacks, dump = read("/v1/stacks"), read("/v1/fr_trace")
+        assert stacks[0] == dump[0] == 200 and max(stacks[1], dump[1]) < 0.2, (stacks, dump)
+        status, took = read("/v1/fr_trace")
+        assert status == 200 and took >= 0.2, took
+        assert read("/v1/fr_trace")[0] == 429
+        status, took = read("/v1/ranks")
+        assert status == 200 and took < 0.2, took
+        status, took = read("/v1/other")  # no allowance of its own
+        assert status == 200 and took >= 0.2, took
+    finally:
+        server.stop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -52,6 +53,9 @@ UNPACED = (PAYLOAD_PATH, "/healthz")
 # scrapes (it ignores Retry-After: a refused scrape reads as up=0, a rank down; its scrape
 # interval bounds its cost). Any client may send these headers, so only these cheap routes.
 UNPACED_AGENTS = ((MONITOR_AGENT, "/v1/state"), ("Prometheus/", "/metrics"))
+# the routes a monitor's look reads of a rank at once (a bundle: its stacks and its dump): a
+# named agent's unpaced read is allowed per address and per one of these (others share one)
+LOOK_ROUTES = ("/v1/stacks", "/v1/fr_trace")
 RETRY_AFTER_S = 1
 HOLD_S = 1.0
 
@@ -194,11 +198,13 @@ class WorkerMetrics:
     def count_cpu(self, app, paced_slots: int = PACED_SLOTS):
         """Wrap a WSGI app so each request's CPU time (its thread's) is counted and reads (GET)
         are paced (:meth:`pace`), ``paced_slots`` of them waiting at once. Another that would
-        wait is answered at once, unpaced, when its client (address) was neither paced nor
-        refused lately, else 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at
-        once). :data:`UNPACED` paths and :data:`UNPACED_AGENTS` on their route never wait; on
-        another route, one of those agents' reads is answered unpaced unless its client reads
-        in a loop (the monitor's one Flight Recorder fetch per rank per look is not slowed)."""
+        wait is answered at once, unpaced, when its client (address) had no read answered
+        within HOLD_S, else 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at
+        once). :data:`UNPACED` paths and :data:`UNPACED_AGENTS` on their route never wait. On
+        another route one of those agents has its own allowance per address and
+        :data:`LOOK_ROUTES` route: its first read within HOLD_S is answered unpaced, its next
+        one paced even with no slot free (at most MAX_PACE_S), and further ones as anyone's:
+        a monitor's look (stacks and a dump of a rank at once) is neither slowed nor refused."""
         slots = threading.BoundedSemaphore(paced_slots)
         readers = _Readers()
 
@@ -209,16 +215,20 @@ class WorkerMetrics:
             if read and path not in UNPACED and path not in named and self.pace_s() > 0:
                 client = environ.get("REMOTE_ADDR", "")
                 now = time.monotonic()
-                if named and not readers.looping(client, now):
-                    readers.mark(client, now)  # asked again within HOLD_S: paced as any
+                key = (client, path if path in LOOK_ROUTES else "") if named else client
+                if named and readers.first(key, now):
+                    pass  # its one read of this route within HOLD_S: answered unpaced
                 elif slots.acquire(blocking=False):
-                    readers.mark(client, now + max(0.0, self.pace_s()))
+                    readers.mark(key, now + max(0.0, self.pace_s()))
                     try:
                         self.pace()
                     finally:
                         slots.release()
-                elif readers.looping(client, now):
-                    readers.mark(client, now + HOLD_S)
+                elif named and readers.first((*key, "paced"), now):
+                    # its second (a bundle just after a sweep's dump): paced on its own thread
+                    self.pace()
+                elif readers.looping(key, now):
+                    readers.mark(key, now + HOLD_S)
                     started = time.thread_time()
                     body = _busy(environ, start_response)
                     # charged as a read: a client looping on refusals slows the paced readers
@@ -227,7 +237,7 @@ class WorkerMetrics:
                 else:
                     # a one-off read (an operator's curl) is not refused behind looping readers:
                     # answered now, it sleeps on no thread; asked again at once, it is refused
-                    readers.mark(client, now)
+                    readers.mark(key, now)
             started = time.thread_time()
             try:
                 body = app(environ, start_response)
@@ -251,26 +261,37 @@ class WorkerMetrics:
 
 
 class _Readers:
-    """When each client (by address) last had a read answered while reads were paced (paced,
-    refused or let through unpaced): one asking again within HOLD_S of that answer reads in a
-    loop, and is refused when no slot is free."""
+    """When each client (by address, or a named agent's address and route) last asked or had a
+    read answered while reads were paced (paced, refused or let through unpaced): one asking
+    again within HOLD_S of that reads in a loop, and is refused when no slot is free."""
 
     KEEP = 256  # clients remembered before those no longer looping are forgotten
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._until: dict[str, float] = {}
+        self._until: dict[Any, float] = {}
 
-    def mark(self, client: str, answered_at: float) -> None:
+    def mark(self, client: Any, answered_at: float) -> None:
         with self._lock:
-            self._until[client] = answered_at + HOLD_S
-            if len(self._until) > self.KEEP:
-                now = time.monotonic()
-                self._until = {c: t for c, t in self._until.items() if t > now}
+            self._mark(client, answered_at)
 
-    def looping(self, client: str, now: float) -> bool:
+    def _mark(self, client: Any, answered_at: float) -> None:
+        self._until[client] = max(self._until.get(client, 0.0), answered_at + HOLD_S)
+        if len(self._until) > self.KEEP:
+            now = time.monotonic()
+            self._until = {c: t for c, t in self._until.items() if t > now}
+
+    def looping(self, client: Any, now: float) -> bool:
         with self._lock:
             return self._until.get(client, 0.0) > now
+
+    def first(self, client: Any, now: float) -> bool:
+        """Whether ``client`` is not looping; marked as asking now either way (at once: two
+        asks at the same time are not both first)."""
+        with self._lock:
+            was = self._until.get(client, 0.0) <= now
+            self._mark(client, now)
+            return was
 
 
 def _busy(environ, start_response) -> list[bytes]:

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 MAX_STACKS_BYTES = 4 << 20  # a rank's stacks are KB; past this, not parsed before the kill
 BUSY_RETRY_S = 0.3  # a rank dumping for someone else (503) is asked again this often
+# a rank refusing reads beyond its paced ones (429) says Retry-After: 1 (docs/worker_server.md)
+REFUSED_RETRY_S = 1.0
+AGAIN = {503: BUSY_RETRY_S, 429: REFUSED_RETRY_S}  # status -> asked again after
 
 CONFIRM_KINDS = ("hang", "mismatch", "network")  # bundled when confirmed, evicted or not
 _ENCODE = msgspec.json.Encoder()
@@ -498,14 +501,15 @@ class Bundles:
 
         def on_rows(batch: list[tuple]) -> None:
             rows.extend(batch)
-            for r in batch:  # a 503 is asked again at once, not after the slowest rank
-                if r[5] == 503:
+            for r in batch:  # a 503 or 429 is asked again, not after the slowest rank
+                if r[5] in AGAIN:
                     t = threading.Thread(target=self._ask_busy, daemon=True,
-                                         args=(r[0], urls[r[0]], queries[r[0]], deadline, again),
+                                         args=(r[0], urls[r[0]], queries[r[0]], deadline, again,
+                                               r[5]),
                                          name="lightkeeper-bundles-busy")
                     try:  # raised on the poller's loop, it would never end the sweep
                         t.start()
-                    except RuntimeError as e:  # no thread to spare (pids limit): 503 kept
+                    except RuntimeError as e:  # no thread to spare (pids limit): answer kept
                         log.warning("incident bundle: %s not asked again: %s", urls[r[0]], e)
                         continue
                     busy.append(t)
@@ -535,12 +539,13 @@ class Bundles:
                 for a in asks}
 
     def _ask_busy(self, i: int, url: str, query: str, deadline: float,
-                  out: dict[int, tuple]) -> None:
-        """Ask a rank that was dumping for someone else (503) again every ``BUSY_RETRY_S``
-        until it answers or ``deadline``; its last answer goes in ``out[i]``. A retry cut short
-        by the time left says nothing truer than "busy": not kept."""
-        while deadline - time.monotonic() > BUSY_RETRY_S:
-            time.sleep(BUSY_RETRY_S)
+                  out: dict[int, tuple], status: int) -> None:
+        """Ask a rank that was dumping for someone else (503) again every ``BUSY_RETRY_S``, or
+        that refused the read (429) after its ``Retry-After``, until it answers or
+        ``deadline``; its last answer goes in ``out[i]``. A retry cut short by the time left
+        says nothing truer than "busy": not kept."""
+        while deadline - time.monotonic() > AGAIN[status]:
+            time.sleep(AGAIN[status])
             rows: list[tuple] = []
             self._get_poller().sweep([url], "", deadline - time.monotonic(),
                                      self.cfg.max_fr_bytes, on_rows=rows.extend,
@@ -548,7 +553,8 @@ class Bundles:
             if not rows or rows[0][3] == "timeout":
                 return
             out[i] = (i, *rows[0][1:])
-            if rows[0][5] != 503:
+            status = rows[0][5]
+            if status not in AGAIN:
                 return
 
     def close(self) -> None:
