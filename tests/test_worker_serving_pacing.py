@@ -328,3 +328,32 @@ def test_a_named_agents_look_is_answered_and_a_loop_of_it_still_refused(monkeypa
         assert status == 200 and took >= 0.2, took
     finally:
         server.stop()
+
+
+def test_a_named_agent_looping_on_a_slow_route_is_paced(monkeypatch):
+    """The named agent's allowance was marked when its read arrived: a dump taking longer than
+    HOLD_S let each read of a loop in as a first one, never paced. It is held from the answer
+    now, so the loop's next reads are paced."""
+    monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 0.5)
+    monkeypatch.setattr(worker_metrics, "HOLD_S", 0.2)
+
+    def slow_dump(tracker, identity, only_active=False) -> bytes:
+        time.sleep(0.3)  # longer than HOLD_S
+        return b'{"entries": []}'
+
+    server = WorkerServer(_state(), fr_dumper=slow_dump).serve()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    took = []
+    try:
+        for _ in range(3):
+            server.metrics.served(10.0)  # an expensive read just before: the next waits 0.5 s
+            t0 = time.monotonic()
+            conn.request("GET", "/v1/fr_trace", headers={"User-Agent": MONITOR_AGENT + "/1"})
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200
+            took.append(time.monotonic() - t0)
+    finally:
+        conn.close()
+        server.stop()
+    assert took[0] < 0.3 + 0.4 and min(took[1:]) >= 0.3 + 0.4, took  # the dump, then paced

@@ -212,10 +212,12 @@ class WorkerMetrics:
             read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
             path, agent = environ.get("PATH_INFO"), environ.get("HTTP_USER_AGENT", "")
             named = [route for prefix, route in UNPACED_AGENTS if agent.startswith(prefix)]
+            keys: tuple = ()  # marked again once answered: a slow answer's next ask loops
             if read and path not in UNPACED and path not in named and self.pace_s() > 0:
                 client = environ.get("REMOTE_ADDR", "")
                 now = time.monotonic()
                 key = (client, path if path in LOOK_ROUTES else "") if named else client
+                keys = (key,)
                 if named and readers.first(key, now):
                     pass  # its one read of this route within HOLD_S: answered unpaced
                 elif slots.acquire(blocking=False):
@@ -226,6 +228,7 @@ class WorkerMetrics:
                         slots.release()
                 elif named and readers.first((*key, "paced"), now):
                     # its second (a bundle just after a sweep's dump): paced on its own thread
+                    keys = (key, (*key, "paced"))
                     self.pace()
                 elif readers.looping(key, now):
                     readers.mark(key, now + HOLD_S)
@@ -239,14 +242,22 @@ class WorkerMetrics:
                     # answered now, it sleeps on no thread; asked again at once, it is refused
                     readers.mark(key, now)
             started = time.thread_time()
+
+            def done() -> None:
+                self.served(time.thread_time() - started, read)
+                for key in keys:  # and once sent (a body made as it is sent)
+                    readers.mark(key, time.monotonic())
+
             try:
                 body = app(environ, start_response)
             except BaseException:
-                self.served(time.thread_time() - started, read)
+                done()
                 raise
+            for key in keys:  # made: marked before a byte is sent, so before the next ask
+                readers.mark(key, time.monotonic())
             # counted once the body was sent: a streamed one (a probe payload) is made as
             # waitress iterates it, on this thread, after the app returned
-            return _Counted(body, lambda: self.served(time.thread_time() - started, read))
+            return _Counted(body, done)
 
         return wsgi
 
