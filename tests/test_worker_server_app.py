@@ -465,6 +465,28 @@ def test_the_environments_port_is_offset_by_the_local_rank(monkeypatch, capfd):
             srv.stop()
 
 
+def test_an_address_this_host_lacks_is_not_said_as_a_taken_port(monkeypatch, capfd):
+    """With LIGHTKEEPER_WORKER_PORT set, any bind error was said as the port's ("serving on an
+    ephemeral port instead") and the ephemeral bind then raised the same error: a line
+    promising a server that never started. Only a taken port is the port's; an address this
+    host lacks (a stale LIGHTKEEPER_WORKER_HOST) raises OSError naming it, as on any port,
+    unsaid (the two-line API's callers catch it to train unobserved)."""
+    import errno
+
+    import http_serving.wsgi as wsgi
+
+    def not_here(host, port):
+        raise OSError(errno.EADDRNOTAVAIL,
+                      f"cannot bind http://{host}:{port}: Cannot assign requested address")
+
+    monkeypatch.setattr(wsgi, "_bind", not_here)
+    monkeypatch.setenv("LIGHTKEEPER_WORKER_PORT", "9650")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(OSError, match="cannot bind http://127.0.0.1:9650: Cannot assign"):
+        WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1)
+    assert capfd.readouterr().err == ""
+
+
 def test_a_token_from_a_secret_file_matches_without_its_newline():
     from http_serving.auth import bearer_token_matches
 

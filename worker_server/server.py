@@ -68,6 +68,8 @@ _SERVING: dict[WorkerServer, None] = {}
 _SERVING_LOCK = threading.Lock()
 SERVERS = ("flask", "torch")  # Lightkeeper's own (waitress), torch's _WorkerServer (handlers)
 ENV_SERVER = "LIGHTKEEPER_WORKER_SERVER"
+# a bind error of the port itself (torch's server says no errno)
+_PORT_TAKEN = (errno.EADDRINUSE, errno.EACCES, None)
 
 
 def registration_token(env: Any = os.environ) -> str | None:
@@ -310,11 +312,13 @@ class WorkerServer:
         ``port`` cannot be bound. Without ``port``: ``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK``
         (torchrun's ranks of a node, one port each), else ephemeral; an environment with no
         port, or one that is taken, is said in one line and the rank serves on an ephemeral
-        port (the job goes on). A ``monitor_url`` (else ``LIGHTKEEPER_MONITOR``) entry that
-        is no URL is left out in one line, and the rank still serves and registers with the
-        others (:func:`monitor_urls`). A ``manager`` that already has a server (``lightkeeper
-        run``'s hook started one, :mod:`worker_server.autostart`) gets that server back,
-        unchanged: one WorkerServer per rank. The server serves until :meth:`stop`, whether or
+        port (the job goes on); an address that cannot be bound (a ``LIGHTKEEPER_WORKER_HOST``
+        this host lacks) raises ``OSError`` on any port. A ``monitor_url`` (else
+        ``LIGHTKEEPER_MONITOR``) entry that is no URL is left out in one line, and the rank
+        still serves and registers with the others (:func:`monitor_urls`). A ``manager`` that
+        already has a server (``lightkeeper run``'s hook started one,
+        :mod:`worker_server.autostart`) gets that server back, unchanged: one WorkerServer per
+        rank. The server serves until :meth:`stop`, whether or
         not the caller keeps it.
         """
         existing = getattr(manager, "_lightkeeper_server", None) if manager is not None else None
@@ -349,9 +353,10 @@ class WorkerServer:
         try:
             server = cls(RankState(identity, faults=faults), port=bound, **settings)
         except OSError as e:
-            if port is not None or not bound:
+            # the environment's port is the node's, not the script's (a sibling holds it): it
+            # must not end the job; another error (an address this host lacks) is any port's
+            if port is not None or not bound or e.errno not in _PORT_TAKEN:
                 raise
-            # the environment's port is the node's, not the script's: it must not end the job
             say(f"WorkerServer: {e} (LIGHTKEEPER_WORKER_PORT + LOCAL_RANK); serving on an "
                 "ephemeral port instead")
             server = cls(RankState(identity, faults=faults), port=0, **settings)
