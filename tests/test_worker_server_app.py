@@ -432,8 +432,8 @@ def test_the_environments_port_is_offset_by_the_local_rank(monkeypatch, capfd):
     """The two-line API bound LIGHTKEEPER_WORKER_PORT as is: in a torchrun pod local rank 1
     raised EADDRINUSE into the training script (rank 0 held the port), where `lightkeeper
     run` and the trainer add LOCAL_RANK. Now it is a base everywhere; an environment's port
-    that is taken or no port is said in one line and served on an ephemeral one (the explicit
-    ``port=`` still raises)."""
+    that is taken or no port is served on an ephemeral one and said in one line naming it (the
+    explicit ``port=`` still raises)."""
     base = _free_pair()
     monkeypatch.setenv("LIGHTKEEPER_WORKER_PORT", str(base))
     kw = {"replica_group": 0, "group_rank": 0, "group_world_size": 1}
@@ -449,15 +449,17 @@ def test_the_environments_port_is_offset_by_the_local_rank(monkeypatch, capfd):
         started.append(WorkerServer.start(**kw))
         assert started[-1].port not in (0, base, base + 1)
         assert requests.get(started[-1].url + "/healthz", timeout=2).status_code == 200
+        # said once served, naming where: fixed-port discovery will not find it
         said = capfd.readouterr().err.splitlines()
         assert len(said) == 1 and f"127.0.0.1:{base + 1}" in said[0] \
-            and "ephemeral port instead" in said[0], said
+            and f"serving on {started[-1].url} instead" in said[0] \
+            and "misses this rank" in said[0], said
         monkeypatch.setenv("LIGHTKEEPER_WORKER_PORT", "abc")
         started.append(WorkerServer.start(**kw))
         assert started[-1].port > 0
         said = capfd.readouterr().err.splitlines()
         assert len(said) == 1 and "LIGHTKEEPER_WORKER_PORT='abc' is not a port" in said[0] \
-            and "ephemeral port" in said[0], said
+            and f"serving on {started[-1].url} instead" in said[0], said
         with pytest.raises(OSError):
             WorkerServer.start(**kw, port=base)
     finally:

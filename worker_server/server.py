@@ -93,16 +93,6 @@ def port_number(value: Any, name: str) -> int:
     return port
 
 
-def _env_port(env) -> int:
-    """``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK`` (:func:`worker_port`), or 0 (ephemeral)
-    with one line when either is no number or the sum no port."""
-    try:
-        return worker_port(env)
-    except ValueError as e:
-        say(f"WorkerServer: {e}; serving on an ephemeral port instead")
-        return 0
-
-
 def serving() -> list[WorkerServer]:
     """The WorkerServers this process serves now, from :meth:`WorkerServer.serve` to
     :meth:`WorkerServer.stop`, kept or not by the code that started them."""
@@ -349,7 +339,14 @@ class WorkerServer:
             exit_auth=exit_auth,
             server=server_kind(server, env),
         )
-        bound = port_number(port, "port") if port is not None else _env_port(env)
+        why = ""  # the environment's port not served: said once the rank is, naming its URL
+        if port is not None:
+            bound = port_number(port, "port")
+        else:
+            try:
+                bound = worker_port(env)
+            except ValueError as e:
+                bound, why = 0, str(e)
         try:
             server = cls(RankState(identity, faults=faults), port=bound, **settings)
         except OSError as e:
@@ -357,9 +354,13 @@ class WorkerServer:
             # must not end the job; another error (an address this host lacks) is any port's
             if port is not None or not bound or e.errno not in _PORT_TAKEN:
                 raise
-            say(f"WorkerServer: {e} (LIGHTKEEPER_WORKER_PORT + LOCAL_RANK); serving on an "
-                "ephemeral port instead")
+            why = f"{e} (LIGHTKEEPER_WORKER_PORT + LOCAL_RANK)"
             server = cls(RankState(identity, faults=faults), port=0, **settings)
+        if why:
+            say(f"WorkerServer: {why}; serving on {server.url} instead, an ephemeral port: "
+                "what expects the fixed port (a readiness probe, a PodMonitor, a file_sd list, "
+                "a NetworkPolicy's port range) misses this rank; a monitor it registers with "
+                "(LIGHTKEEPER_MONITOR) finds it where its network reaches that port")
         if manager is not None:
             server.attach(manager)
         server.serve()
