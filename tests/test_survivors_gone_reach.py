@@ -169,8 +169,8 @@ def test_an_orphan_on_torchs_debug_server_is_never_said_told(caplog, unreached):
 def test_reach_for_the_survivors_abort_leaves_out_lost_groups_no_more_than_reached(
         groups, lost, told, blind):
     """``Enforcer.blind_to_kills(unheard=True)`` on views of one-rank groups: groups the
-    monitor reaches none of and the Lighthouse does not hear leave the count while they are no
-    more than the groups reached; groups it told to go always leave it."""
+    monitor reaches none of and the Lighthouse lists as heard, then stopped, leave the count
+    while they are no more than the groups reached; groups it told to go always leave it."""
     from types import SimpleNamespace as NS
 
     from monitor.act.enforcer import Enforcer
@@ -184,8 +184,12 @@ def test_reach_for_the_survivors_abort_leaves_out_lost_groups_no_more_than_reach
     up = sum(len(gv.reachable) for gv in view.values())
     ev = NS(groups=view, counts=(groups, up, {}), evidence_view=None)
     heard = {f"r{g}" for g in range(groups) if g not in lost | told}
-    lighthouse = NS(heartbeating=lambda rid: rid in heard)
+    stopped = frozenset(f"r{g}" for g in lost | told)
+    lighthouse = NS(heartbeating=lambda rid: rid in heard, stale=stopped,
+                    heartbeats=dict.fromkeys(heard | stopped, 1.0))
     me = NS(store=NS(told_to_go_replica_ids=lambda: {f"r{g}" for g in told}),
             blind=lambda: None, cfg=NS(rails=RailsConfig()))
-    got = Enforcer.blind_to_kills(me, NS(evidence_view=ev), lighthouse, unheard=True)
+    ranks = {g: NS(replica_id=f"r{g}") for g in range(groups)}
+    got = Enforcer.blind_to_kills(me, NS(evidence_view=ev, ranks=ranks), lighthouse,
+                                  unheard=True)
     assert (got is not None) is blind, got

@@ -256,13 +256,15 @@ class Enforcer:
         """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
         because of the monitor's own kills, or ``also``: a shard's leader's), ``lighthouse``
         heard when given (``heard``: whether knowing none is seen, if not so). ``unheard``: nor
-        of groups it reaches none of that ``lighthouse`` does not hear (gone, as both agree),
-        while they are no more than the groups it reaches (else both may be cut off together)."""
+        of groups it reaches none of that ``lighthouse`` lists as no longer heard (gone, as both
+        agree), while they are no more than the groups it reaches (else both may be cut off
+        together)."""
         gone = self.store.told_to_go_replica_ids() | set(also)
         if unheard and lighthouse is not None:
             groups = (view.evidence_view or view).groups.values()
+            # heard, then stopped: a restarted Lighthouse lists none it has not heard yet
             lost = {gv.replica_id for gv in groups if gv.replica_id and not gv.reachable
-                    and not lighthouse.heartbeating(gv.replica_id)} - gone  # not its own kills
+                    and gv.replica_id in lighthouse.stale} - gone  # not its own kills
             # more groups lost than reached: the monitor and the Lighthouse may be the ones
             # cut off together (say, on one group's node), not the job
             if len(lost) <= sum(1 for gv in groups if gv.reachable):

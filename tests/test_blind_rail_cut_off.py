@@ -1,0 +1,84 @@
+"""The monitor_blind rail evicts no healthy group the monitor is merely cut off from
+(Enforcer.blind_to_kills, docs/monitor.md: Eviction and safety rails).
+
+A single monitor of 2 simulated groups in a real torchft job (``SimJob``: a real Lighthouse,
+a kill recorded in ``job.kills`` and taking the group down), ``--evict-on dead``,
+``--min-replicas 1``, ``--cooldown 0``, the default ``--min-reachable 0.5``. The monitor alone
+loses group 1 (its ranks answer it nothing; its Manager heartbeats on), swept by hand.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from lightkeeper.processes import wait_until
+from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+
+@pytest.fixture
+def cut_off(tmp_path):
+    """(job, monitor) once the monitor has missed group 1 for --dead-sweeps sweeps."""
+    job = SimJob(2, heartbeat_timeout_ms=1000)
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
+        lighthouse=job.url, lighthouse_heartbeat_timeout_ms=1000, poll_timeout_s=0.3,
+        detectors=DetectorConfig(dead_sweeps=2),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",))))
+    servers = []
+    job.restarted = servers  # Lighthouses a test started, shut down with the job
+    try:
+        wait_until(lambda: mon.sweep_once() and mon.view.evidence().groups.keys() == {0, 1},
+                   20, what="both groups verified")
+        for r in job.sim.group(1):
+            r.set_mode("silent")
+        wait_until(lambda: mon.sweep_once() and all(
+            r.failures >= 2 for r in mon.view.groups[1].ranks), 20, what="group 1 missed")
+        yield job, mon
+    finally:
+        mon.stop()
+        job.stop()
+        for s in servers:
+            s.shutdown()
+
+
+def _restart_lighthouse(job: SimJob):
+    """The Lighthouse restarts: group 0's Manager is back in a quorum of the new one first;
+    group 1's (healthy) is not yet. Returns a client of the new one."""
+    from torchft.coordination import LighthouseClient, LighthouseServer
+
+    new = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=300,
+                           heartbeat_timeout_ms=60_000)  # no heartbeat of this test goes old
+    job.restarted.append(new)
+    addr = "http://127.0.0.1:" + new.address().rsplit(":", 1)[1]
+    client = LighthouseClient(addr=addr, connect_timeout=timedelta(seconds=5))
+    rid = job.replica_ids[0]
+    client.heartbeat(rid, timeout=timedelta(seconds=5))
+    q = client.quorum(replica_id=rid, timeout=timedelta(seconds=10),
+                      address="http://127.0.0.1:1/m0", store_address="127.0.0.1:1", step=100,
+                      world_size=1, shrink_only=False)
+    job.lighthouse_url = addr  # the front the monitor reads forwards to the new one
+    for r in job.sim.group(0):
+        r.update(quorum_id=int(q.quorum_id), num_participants=1)
+    return client
+
+
+def _decided(mon: Monitor, g: int) -> list[dict]:
+    """The audit log's decisions on group ``g``, after one more sweep."""
+    mon.sweep_once()
+    return [d for d in mon.store.decisions() if d["replica_group"] == g]
+
+
+def test_a_restarted_lighthouse_not_hearing_a_group_yet_evicts_it_not(cut_off):
+    """The restarted Lighthouse's first status lacks group 1: ``dead`` is confirmed (nothing
+    hears it), but the Lighthouse does not list it as heard and stopped, so its ranks still
+    count: the monitor reaches 50 % and holds. Before, any status lacking it counted it gone
+    and the healthy group was evicted."""
+    job, mon = cut_off
+    _restart_lighthouse(job)
+    rows = wait_until(lambda: _decided(mon, 1), 20, what="a decision on group 1")
+    assert job.kills == []
+    assert [(d["decision"], d["reason"]) for d in rows] == [("hold", "monitor_blind")]
