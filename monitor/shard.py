@@ -183,13 +183,15 @@ class Shards:
             self.sent_kills = {rid for rid, kv in records.items()
                                if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
             # the single monitor's rail: reach outside the groups gone (the job's kills, and
-            # those the Lighthouse no longer hears while no more than the groups reached), so
+            # those the Lighthouse lists as stopped while no more than the groups reached and
+            # no id heard is unknown here or to the other shards), so
             # a kill of its slice blinds it to no other. A slice with no rank while a target's
             # group is known (more shards than groups, or its groups left) has nothing to be cut
             # off from: blind, it would hold every kill
             blind = mon.enforcer.blind_to_kills(
                 evidence, mon.lighthouse_status, unheard=True, also=self.sent_kills,
-                who=f"shard {self.cfg.index}", heard=not (view.ranks or self._unplaced))
+                who=f"shard {self.cfg.index}", heard=not (view.ranks or self._unplaced),
+                elsewhere=self.reported_elsewhere)
             # the proposals it keeps while their group is out of sight: the leader holds them.
             # Not acting (its lease lapsed), it withdraws nothing, so vouches for none: all held
             kept = self._propose_findings(view, evidence, now, records, blind) \

@@ -9,6 +9,7 @@ loses group 1 (its ranks answer it nothing; its Manager heartbeats on), swept by
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -82,3 +83,17 @@ def test_a_restarted_lighthouse_not_hearing_a_group_yet_evicts_it_not(cut_off):
     rows = wait_until(lambda: _decided(mon, 1), 20, what="a decision on group 1")
     assert job.kills == []
     assert [(d["decision"], d["reason"]) for d in rows] == [("hold", "monitor_blind")]
+
+
+def test_a_group_restarted_behind_the_cut_is_not_evicted_by_its_old_id(cut_off):
+    """Group 1 restarts behind the monitor's cut under a new replica id: the Lighthouse lists
+    the old one as stopped and hears the new one, which no rank the monitor reaches reports
+    (it may be the lost group's new incarnation): the old id counts, 50 %, held."""
+    job, mon = cut_off
+    old = job.replica_ids[1]
+    job.replica_ids[1] = f"replica_group_1:{uuid.uuid4()}"  # heartbeats go on under it
+    job.requorum()
+    rows = wait_until(lambda: _decided(mon, 1), 20, what="a decision on group 1")
+    assert job.kills == []
+    assert [(d["decision"], d["reason"], d["replica_id"]) for d in rows] == [
+        ("hold", "monitor_blind", old)]

@@ -252,13 +252,16 @@ class Enforcer:
 
     def blind_to_kills(self, view: ClusterView, lighthouse: LighthouseStatus | None = None,
                        unheard: bool = False, also: Collection[str] = (),
-                       who: str = "the monitor", heard: bool | None = None) -> str | None:
+                       who: str = "the monitor", heard: bool | None = None,
+                       elsewhere: Callable[[], tuple[set[str], bool]] | None = None
+                       ) -> str | None:
         """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
         because of the monitor's own kills, or ``also``: a shard's leader's), ``lighthouse``
         heard when given (``heard``: whether knowing none is seen, if not so). ``unheard``: nor
         of groups it reaches none of that ``lighthouse`` lists as no longer heard (gone, as both
         agree), while they are no more than the groups it reaches (else both may be cut off
-        together)."""
+        together) and it hears no replica id that no rank known (a shard: nor ``elsewhere``,
+        the other shards') reports."""
         gone = self.store.told_to_go_replica_ids() | set(also)
         if unheard and lighthouse is not None:
             groups = (view.evidence_view or view).groups.values()
@@ -267,8 +270,15 @@ class Enforcer:
                     and gv.replica_id in lighthouse.stale} - gone  # not its own kills
             # more groups lost than reached: the monitor and the Lighthouse may be the ones
             # cut off together (say, on one group's node), not the job
-            if len(lost) <= sum(1 for gv in groups if gv.reachable):
-                gone |= lost
+            if lost and len(lost) <= sum(1 for gv in groups if gv.reachable):
+                # an id heard that no rank known reports may be a lost group's new incarnation
+                # (torchft restarts a group under a new one) behind the same cut
+                new = {rid for rid in lighthouse.heartbeats if lighthouse.heartbeating(rid)} \
+                    - gone - {r.replica_id for r in view.ranks.values()}
+                if new and elsewhere is not None:
+                    new -= elsewhere()[0]
+                if not new:
+                    gone |= lost
         return blindness_of(view, self.blind(), self.cfg.rails, who, gone=gone,
                             heard=lighthouse is not None and not unheard if heard is None
                             else heard)
@@ -321,10 +331,11 @@ class Enforcer:
         if shard is not None:
             evicted = evicted | shard.sent_kills
         # a gone group's ranks count against no reach: with two groups, half the ranks
+        elsewhere = None if shard is None else shard.reported_elsewhere
         return self.survivors.release(view, evidence, lighthouse,
-                                      self.blind_to_kills(view, lighthouse, unheard=True),
-                                      evicted, now,
-                                      None if shard is None else shard.reported_elsewhere)
+                                      self.blind_to_kills(view, lighthouse, unheard=True,
+                                                          elsewhere=elsewhere),
+                                      evicted, now, elsewhere)
 
     def bundle_confirmed(self, view: ClusterView, evidence: ClusterView,
                          new: list[Finding]) -> None:
