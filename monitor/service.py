@@ -264,7 +264,7 @@ class Monitor:
                 self._judge_hosts(view, new, now)
         else:
             self._judge_hosts(view, new, now)
-            self.enforcer.decide(view, evidence, now)
+            self.enforcer.decide(view, evidence, now, lighthouse=lighthouse)
         standby = not self.enforcer.fetch_bundles  # _judge_hosts: another monitor holds it
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
         self.enforcer.bundle_confirmed(view, evidence, new)

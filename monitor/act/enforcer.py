@@ -113,7 +113,6 @@ class Enforcer:
         self._host_actions: threading.Thread | None = None
         self.dead = DeadGroups()
         self._vouched: dict[str, Any] = {}  # replica id -> its GroupView as last verified
-        self.heard: LighthouseStatus | None = None  # the sweep's Lighthouse status, for the rail
         self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
                                               else None, cfg.kill_timeout_s, cfg.rank_auth,
                                               self.claims),
@@ -195,7 +194,6 @@ class Enforcer:
         DeadGroups), the quarantine policy, then due sink actions on a background thread
         (a slow sink never delays a sweep). Never raises."""
         try:
-            self.heard = lighthouse  # the rail's (decide follows on the single monitor)
             # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
             # its Manager gone and a bare rank still up): no host's fault
             killed = self.store.evicted_replica_ids()
@@ -282,12 +280,6 @@ class Enforcer:
         return blindness_of(view, self.blind(), self.cfg.rails, who, gone=gone,
                             heard=lighthouse is not None and not unheard if heard is None
                             else heard)
-
-    def rail_blindness(self, view: ClusterView) -> str | None:
-        """The ``monitor_blind`` rail: reach outside the groups gone (:meth:`blind_to_kills`,
-        ``unheard``), by the Lighthouse's status judge_hosts was given just before decide. A
-        dead group's own ranks then count against no eviction, its own included."""
-        return self.blind_to_kills(view, self.heard, unheard=True)
 
     def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
@@ -391,9 +383,9 @@ class Enforcer:
                   in_quorum: dict[str | None, set[int]] | None = None,
                   drained: set[int] | None = None,
                   blind: Callable[[ClusterView], str | None] | None = None) -> Situation:
-        """Reachability from every known rank outside the groups gone (``blind``: a shard's
-        rule, else :meth:`rail_blindness`); the quorum from verified ranks, less the groups
-        sent a kill and those on a quarantined host (``drained``), which are going down."""
+        """Reachability by ``blind`` (else :meth:`blindness`); the quorum from verified ranks,
+        less the groups sent a kill and those on a quarantined host (``drained``), which are
+        going down."""
         evicted = self.store.evicted_replica_ids()
         if in_quorum is None:
             in_quorum = in_quorum_by_replica_id(evidence)
@@ -405,16 +397,22 @@ class Enforcer:
             groups -= in_quorum.get(rid, set())
         return Situation(now=now, groups_in_quorum=groups, evicted_replica_ids=evicted,
                          last_eviction_at=self.store.last_eviction_at(),
-                         blind_reason=(blind or self.rail_blindness)(view))
+                         blind_reason=(blind or self.blindness)(view))
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float,
                rails: RailsConfig | None = None,
                evict: Callable[[Finding], bool] | None = None,
-               blind: Callable[[ClusterView], str | None] | None = None) -> bool:
-        """Evict or hold every open finding of an evictable kind, except those out_of_sight. A
-        shard gives its ``rails``, ``evict`` (its proposal: False from it stops the loop) and
-        ``blind`` (its report's blindness)."""
+               blind: Callable[[ClusterView], str | None] | None = None,
+               lighthouse: LighthouseStatus | None = None) -> bool:
+        """Evict or hold every open finding of an evictable kind, except those out_of_sight.
+        The ``monitor_blind`` rail: reach outside the groups gone (:meth:`blind_to_kills`,
+        ``unheard``, by ``lighthouse``, the sweep's good read), so a dead group's own ranks
+        count against no eviction, its own included. A shard gives its ``rails``, ``evict``
+        (its proposal: False from it stops the loop) and ``blind`` (its report's blindness)."""
         rails = rails or self.cfg.rails
+        if blind is None:
+            def blind(v: ClusterView) -> str | None:
+                return self.blind_to_kills(v, lighthouse, unheard=True)
         in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
             if f.kind not in rails.evict_kinds or out_of_sight(evidence, f):
