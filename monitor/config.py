@@ -114,8 +114,9 @@ class RailsConfig:
                              "never evict below this many replica groups in the quorum")
     cooldown_s: float = flag(60.0, "--cooldown", "at most one eviction per this many seconds")
     min_reachable_fraction: float = flag(0.5, "--min-reachable", "hold evictions unless the "
-                                         "monitor reaches more than this fraction of the ranks "
-                                         "it knows")
+                                         "monitor reaches more than this fraction of the "
+                                         "verified ranks of the groups not gone (sent a kill, "
+                                         "or lost: unreached, their heartbeat old)")
     dry_run: bool = flag(False, "--dry-run", "detect and report, never evict")
     evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank", "network",
                                     "quarantined_host")
