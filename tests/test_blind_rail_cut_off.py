@@ -1,5 +1,6 @@
 """The monitor_blind rail evicts no healthy group the monitor is merely cut off from
-(Enforcer.blind_to_kills, docs/monitor.md: Eviction and safety rails).
+(Enforcer.blind_to_kills, docs/monitor.md: Eviction and safety rails), and an open ``dead``
+finding of a group whose own ranks answer again, verified or not, is over (Liveness.dead).
 
 A single monitor of 2 simulated groups in a real torchft job (``SimJob``: a real Lighthouse,
 a kill recorded in ``job.kills`` and taking the group down), ``--evict-on dead``,
@@ -73,6 +74,12 @@ def _decided(mon: Monitor, g: int) -> list[dict]:
     return [d for d in mon.store.decisions() if d["replica_group"] == g]
 
 
+def _open_dead(mon: Monitor, g: int) -> bool:
+    mon.sweep_once()
+    return any(f["kind"] == "dead" and f["replica_group"] == g
+               for f in mon.store.findings(open_only=True))
+
+
 def test_a_restarted_lighthouse_not_hearing_a_group_yet_evicts_it_not(cut_off):
     """The restarted Lighthouse's first status lacks group 1: ``dead`` is confirmed (nothing
     hears it), but the Lighthouse does not list it as heard and stopped, so its ranks still
@@ -97,3 +104,25 @@ def test_a_group_restarted_behind_the_cut_is_not_evicted_by_its_old_id(cut_off):
     assert job.kills == []
     assert [(d["decision"], d["reason"], d["replica_id"]) for d in rows] == [
         ("hold", "monitor_blind", old)]
+
+
+def test_a_dead_finding_ends_when_its_ranks_answer_unverified(cut_off):
+    """After the restart the ``dead`` of group 1 is open and held. The cut heals: group 1's
+    rank answers with its replica id, but at the old Lighthouse's quorum, so it is not
+    verified (the rail does not count it). Its finding is over, not evicted: before, the rail
+    saw 100 % and the healthy group was killed (every rank told to exit, the kill finding it
+    out of the new quorum)."""
+    job, mon = cut_off
+    client = _restart_lighthouse(job)
+    wait_until(lambda: _open_dead(mon, 1), 20, what="group 1's dead confirmed")
+    client.heartbeat(job.replica_ids[1], timeout=timedelta(seconds=5))  # its Manager back
+    for r in job.sim.group(1):
+        r.set_mode("ok")
+    wait_until(lambda: mon.sweep_once() and mon.view.groups[1].reachable, 20,
+               what="group 1 answering")
+    assert 1 not in mon.view.evidence().groups  # not verified
+    mon.sweep_once()
+    assert job.kills == []
+    assert not [d for d in mon.store.decisions() if d["decision"] == "evict"]
+    dead = [f for f in mon.store.findings() if f["kind"] == "dead"]
+    assert [(f["replica_group"], f["resolution"]) for f in dead] == [(1, "reachable")]

@@ -142,6 +142,7 @@ class Liveness:
         for g in sorted(self._down.union(changed, open_dead, self._left)):
             gv = view.groups.get(g)
             if gv is None:  # away (its newcomers not verified yet): what was found stays found
+                self._lived(full.groups.get(g) if full is not None else None, now)
                 self._replaced.setdefault(g, set()).update(
                     k[2] for k in findings.open if k[0] in DEAD_KINDS and k[1] == g)
                 continue
@@ -261,6 +262,15 @@ class Liveness:
                 min(r.unreachable_since or now for r in down), now, view))
         new += self._judge_unheard(full, now, evicted)
         return [f for f in new if f]
+
+    def _lived(self, gv: GroupView | None, now: float) -> None:
+        """A ``dead`` of a group out of the evidence whose ranks, in ``gv`` (every rank
+        polled), all answer with its replica id is over: they live, unverified (say, at the
+        quorum of a Lighthouse since restarted). Open, it would evict them."""
+        if gv is not None and gv.ranks and len(gv.reachable) == len(gv.ranks):
+            for key in [k for k in self.findings.open if k[0] == "dead"
+                        and k[1] == gv.replica_group and {k[2]} == gv.reported_replica_ids]:
+                self.findings.resolve(key, "reachable", now)
 
     def _note_unheard(self, gv: GroupView, e: RankView, full: ClusterView | None) -> None:
         """A rank of ``e``'s group never verified (its first second under its Manager: read
