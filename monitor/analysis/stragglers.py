@@ -57,6 +57,8 @@ class StragglerEvidence:
         self.tallies: dict[Class, dict[int, _Tally]] = {}
         self.period_ms: dict[GroupKey, float] = {}
         self.pattern: dict[GroupKey, int] = {}  # collectives a step, where tallied per position
+        # (group, position) -> its median step, where the position's signature recurs in the step
+        self.step_ms: dict[tuple[GroupKey, int], float] = {}
         # (group, (a, b)) -> how much later b arrived than a, per step (or collective), in order
         self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
         self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], tuple[str, int]] = {}  # (kind, step)
@@ -126,13 +128,18 @@ class StragglerEvidence:
             # to stand out: each position in the step (one signature; a signature may repeat in
             # a step, as FSDP's all_gathers of identical blocks), else each signature, on its own
             cols = list(cols)
-            self._tally((key, None, None), ranks, cols, kind, config)
+            # per position: times its ranks only where a position has 10 steps, not 10 collectives
+            self._tally((key, None, None), ranks, cols, kind, config, compare=pattern == 1)
             if pattern > 1:
                 self.pattern[key] = pattern
+                step_ms = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)[::pattern]
+                                      for r in members[:3]])
                 for pos in range(pattern):
                     part = cols[pos::pattern]
                     if len(part) >= config.min_collectives:
                         self._tally((key, sigs[pos], pos), ranks, part, kind, config)
+                        if sigs[:pattern].count(sigs[pos]) > 1:
+                            self.step_ms[(key, pos)] = step_ms
                 continue
             by_sig: defaultdict[int, list] = defaultdict(list)
             for sig, col in zip(sigs, cols, strict=True):
@@ -156,7 +163,8 @@ class StragglerEvidence:
             self.pairs.setdefault(pair, []).extend(gaps)
             self.pair_kind[pair] = (kind, step)
 
-    def _tally(self, cls: Class, ranks: list[int], cols: Any, kind: str, config: StragglerConfig) -> None:
+    def _tally(self, cls: Class, ranks: list[int], cols: Any, kind: str, config: StragglerConfig,
+               compare: bool = True) -> None:
         n = len(ranks)
         p = 1.0 / n
         used = 0
@@ -188,7 +196,7 @@ class StragglerEvidence:
             waits[i].append(median - first)
         if not used:
             return
-        if used >= config.min_collectives:  # fewer time no one (a bundle's few since its onset)
+        if compare and used >= config.min_collectives:  # fewer time no one (a bundle's few since its onset)
             self.compared.update(ranks)
         group = self.tallies.setdefault(cls, {})
         for i, r in enumerate(ranks):
@@ -205,9 +213,12 @@ class StragglerEvidence:
         """``(stragglers, lags)``: one straggler finding per rank (its strongest group's), a lag
         per pair where nothing else agrees."""
         flagged: dict[int, list[Hit]] = defaultdict(list)
+        pooled: dict[GroupKey, float] = {}  # a group's typical late rate, its whole tally's (added first)
         for (key, sig, pos), group in self.tallies.items():
             rates = sorted(t.late / t.observed for t in group.values())
             typical = min(max(rates[(len(rates) - 1) // 2], 0.02), 0.98)
+            if sig is None:
+                pooled[key] = typical
             floor = None
             for rank, t in group.items():
                 observed, last, late = t.observed, t.last, t.late
@@ -221,14 +232,20 @@ class StragglerEvidence:
                 if pos is not None:
                     # a step's many positions, each of few collectives (one a step): jitter makes
                     # one rank stand out at one of them unless each is held to chance divided
-                    # among them, exactly (a binomial tail), and by last only (a typical rank's
-                    # rate of being late, from so few, is too rough)
+                    # among them, exactly (a binomial tail): of last, among the ranks it is
+                    # compared with (its host's, by enqueue time); of late, the group's whole
+                    # typical rate (a position's own, from so few, is too rough)
                     chance = 0.5 * math.erfc(config.min_z / math.sqrt(2)) / self.pattern[key]
-                    by_last, by_late = by_last and _tail(observed, last, 1 / len(group)) <= chance, False
+                    by_last = by_last and _tail(observed, last, t.expected / observed) <= chance
+                    by_late = by_late and _tail(observed, late, pooled.get(key, typical)) <= chance
                 if not (by_last or by_late):
                     continue
                 if floor is None:  # only for a group with a candidate: it reads every rank's enqueues
                     floor = _floor(self._pace_ms(list(group)[:3], config.since_ns or 0), config, config.min_wait_ms)
+                    if pos is not None:
+                        # a signature recurring in the step has no tally of its own, so a position's
+                        # one collective a step is judged as a pair's lag is, against the step
+                        floor = max(floor, _floor(self.step_ms.get((key, pos), math.nan), config, config.min_wait_ms))
                 by_last = by_last and wait_last >= floor
                 by_late = by_late and wait_late >= floor
                 if by_last or by_late:
