@@ -203,9 +203,11 @@ class WorkerMetrics:
         once). :data:`UNPACED` paths and :data:`UNPACED_AGENTS` on their route never wait. On
         another route one of those agents has its own allowance per address and
         :data:`LOOK_ROUTES` route: its first read within HOLD_S is answered unpaced, its next
-        one paced even with no slot free (at most MAX_PACE_S), and further ones as anyone's:
+        one paced even with no slot free (at most MAX_PACE_S, one such read at a time), and
+        further ones as anyone's:
         a monitor's look (stacks and a dump of a rank at once) is neither slowed nor refused."""
         slots = threading.BoundedSemaphore(paced_slots)
+        extra = threading.BoundedSemaphore(1)
         readers = _Readers()
 
         def wsgi(environ, start_response):
@@ -226,10 +228,15 @@ class WorkerMetrics:
                         self.pace()
                     finally:
                         slots.release()
-                elif named and readers.first((*key, "paced"), now):
-                    # its second (a bundle just after a sweep's dump): paced on its own thread
+                elif named and readers.first((*key, "paced"), now) \
+                        and extra.acquire(blocking=False):
+                    # its second (a bundle just after a sweep's dump): paced on the one thread
+                    # beyond the slots, so spoofed agents never hold the monitor's polls' threads
                     keys = (key, (*key, "paced"))
-                    self.pace()
+                    try:
+                        self.pace()
+                    finally:
+                        extra.release()
                 elif readers.looping(key, now):
                     readers.mark(key, now + HOLD_S)
                     started = time.thread_time()

@@ -505,7 +505,7 @@ class Bundles:
                 if r[5] in AGAIN:
                     t = threading.Thread(target=self._ask_busy, daemon=True,
                                          args=(r[0], urls[r[0]], queries[r[0]], deadline, again,
-                                               r[5]),
+                                               r[5], r[6] or 0.0),
                                          name="lightkeeper-bundles-busy")
                     try:  # raised on the poller's loop, it would never end the sweep
                         t.start()
@@ -539,13 +539,15 @@ class Bundles:
                 for a in asks}
 
     def _ask_busy(self, i: int, url: str, query: str, deadline: float,
-                  out: dict[int, tuple], status: int) -> None:
+                  out: dict[int, tuple], status: int, latency: float) -> None:
         """Ask a rank that was dumping for someone else (503) again every ``BUSY_RETRY_S``, or
         that refused the read (429) after its ``Retry-After``, until it answers or
         ``deadline``; its last answer goes in ``out[i]``. A retry cut short by the time left
         says nothing truer than "busy": not kept."""
-        while deadline - time.monotonic() > AGAIN[status]:
-            time.sleep(AGAIN[status])
+        # Retry-After counts from the answer's making: a 429 held HOLD_S before it is sent has
+        # waited its second already
+        while deadline - time.monotonic() > (wait := max(0.0, AGAIN[status] - latency)):
+            time.sleep(wait)
             rows: list[tuple] = []
             self._get_poller().sweep([url], "", deadline - time.monotonic(),
                                      self.cfg.max_fr_bytes, on_rows=rows.extend,
@@ -553,7 +555,7 @@ class Bundles:
             if not rows or rows[0][3] == "timeout":
                 return
             out[i] = (i, *rows[0][1:])
-            status = rows[0][5]
+            status, latency = rows[0][5], rows[0][6] or 0.0
             if status not in AGAIN:
                 return
 
