@@ -76,7 +76,8 @@ def test_too_few_collectives_since_the_onset_is_unchecked_not_a_disagreement(tmp
     [b] = report["bundles"]
     assert (b["analysis_agrees"], b["unchecked"], code) == (None, True, 0), b
     assert "these dumps cannot check it: no other rank could be timed against rank(s) 1 since the finding's " \
-           "onset: fewer than 10 collectives, or (two ranks compared) fewer than 3 whole steps\n" in text, text
+           "onset: fewer than 10 collectives (a group judged per position in its step: whole steps), or " \
+           "(two ranks compared) fewer than 3 whole steps\n" in text, text
     assert "does not name" not in text
 
 

@@ -236,8 +236,9 @@ def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, comp
         since = onset_ns({"kind": kind}, finding) is not None
         # which one fell short the engine does not say: a pair needs both
         return f"no other rank could be timed against rank(s) {spans}" + (
-            f" since the finding's onset: fewer than {StragglerConfig.min_collectives} collectives, or (two "
-            f"ranks compared) fewer than {StragglerConfig.pair_windows} whole steps" if since else "")
+            f" since the finding's onset: fewer than {StragglerConfig.min_collectives} collectives (a group "
+            f"judged per position in its step: whole steps), or (two ranks compared) fewer than "
+            f"{StragglerConfig.pair_windows} whole steps" if since else "")
     return None
 
 
