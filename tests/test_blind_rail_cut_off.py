@@ -10,10 +10,12 @@ loses group 1 (its ranks answer it nothing; its Manager heartbeats on), swept by
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import timedelta
 
 import pytest
+from torchft.coordination import LighthouseClient
 
 from lightkeeper.processes import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
@@ -22,9 +24,10 @@ from tests.support.monitor_sim import SimJob
 
 
 @pytest.fixture
-def cut_off(tmp_path):
-    """(job, monitor) once the monitor has missed group 1 for --dead-sweeps sweeps."""
-    job = SimJob(2, heartbeat_timeout_ms=1000)
+def cut_off(tmp_path, request):
+    """(job, monitor) once the monitor has missed group 1 for --dead-sweeps sweeps (ranks per
+    group: the parameter, else 1)."""
+    job = SimJob(2, ranks_per_group=getattr(request, "param", 1), heartbeat_timeout_ms=1000)
     mon = Monitor(MonitorConfig(
         port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
         lighthouse=job.url, lighthouse_heartbeat_timeout_ms=1000, poll_timeout_s=0.3,
@@ -50,7 +53,7 @@ def cut_off(tmp_path):
 def _restart_lighthouse(job: SimJob):
     """The Lighthouse restarts: group 0's Manager is back in a quorum of the new one first;
     group 1's (healthy) is not yet. Returns a client of the new one."""
-    from torchft.coordination import LighthouseClient, LighthouseServer
+    from torchft.coordination import LighthouseServer
 
     new = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=300,
                            heartbeat_timeout_ms=60_000)  # no heartbeat of this test goes old
@@ -61,7 +64,7 @@ def _restart_lighthouse(job: SimJob):
     client.heartbeat(rid, timeout=timedelta(seconds=5))
     q = client.quorum(replica_id=rid, timeout=timedelta(seconds=10),
                       address="http://127.0.0.1:1/m0", store_address="127.0.0.1:1", step=100,
-                      world_size=1, shrink_only=False)
+                      world_size=len(job.sim.group(0)), shrink_only=False)
     job.lighthouse_url = addr  # the front the monitor reads forwards to the new one
     for r in job.sim.group(0):
         r.update(quorum_id=int(q.quorum_id), num_participants=1)
@@ -126,3 +129,58 @@ def test_a_dead_finding_ends_when_its_ranks_answer_unverified(cut_off):
     assert not [d for d in mon.store.decisions() if d["decision"] == "evict"]
     dead = [f for f in mon.store.findings() if f["kind"] == "dead"]
     assert [(f["replica_group"], f["resolution"]) for f in dead] == [(1, "reachable")]
+
+
+@pytest.mark.parametrize("cut_off", [2], indirect=True)
+def test_a_dead_finding_ends_when_its_managers_rank_answers_unverified(cut_off):
+    """As above with two ranks a group, the cut healing for group 1's rank 0 (its Manager's)
+    only: the group stays in the evidence by its silent verified rank, so the rail reads 2 of
+    3 ranks; the finding is over, not evicted (before: evicted, every rank told to exit)."""
+    job, mon = cut_off
+    client = _restart_lighthouse(job)
+    wait_until(lambda: _open_dead(mon, 1), 20, what="group 1's dead confirmed")
+    client.heartbeat(job.replica_ids[1], timeout=timedelta(seconds=5))  # its Manager back
+    job.sim.group(1)[0].set_mode("ok")
+    wait_until(lambda: mon.sweep_once() and len(mon.view.groups[1].reachable) == 1, 20,
+               what="group 1's rank 0 answering")
+    mon.sweep_once()
+    assert job.kills == []
+    dead = [f for f in mon.store.findings() if f["kind"] == "dead"]
+    assert [(f["replica_group"], f["resolution"]) for f in dead] == [(1, "reachable")]
+
+
+def test_a_spares_heartbeat_holds_no_dead_groups_eviction(tmp_path):
+    """Group 1 dies (its ranks silent, its Manager's heartbeats stop) while a torchft spare
+    heartbeats under its own id, which no rank reports: not group 1's new incarnation (another
+    replica id before its uuid), so the group counts gone and is evicted (before: held blind
+    as long as the spare lived)."""
+    job = SimJob(2, heartbeat_timeout_ms=1000)
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
+        lighthouse=job.url, lighthouse_heartbeat_timeout_ms=1000, poll_timeout_s=0.3,
+        detectors=DetectorConfig(dead_sweeps=2),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",))))
+    stop = threading.Event()
+
+    def spare() -> None:
+        c = LighthouseClient(addr=job.grpc_addr, connect_timeout=timedelta(seconds=5))
+        sid = f"spare_0:{uuid.uuid4()}"
+        while not stop.is_set():
+            c.heartbeat(sid, timeout=timedelta(seconds=1))
+            stop.wait(0.2)
+
+    t = threading.Thread(target=spare, daemon=True)
+    try:
+        wait_until(lambda: mon.sweep_once() and mon.view.evidence().groups.keys() == {0, 1},
+                   20, what="both groups verified")
+        t.start()
+        for r in job.sim.group(1):
+            r.set_mode("silent")
+        job.alive.discard(1)  # its Manager is gone: heartbeats stop
+        wait_until(lambda: mon.sweep_once() and job.kills, 20, what="group 1 evicted")
+        assert job.kills == [job.replica_ids[1]]
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        mon.stop()
+        job.stop()

@@ -270,8 +270,11 @@ class Enforcer:
             # cut off together (say, on one group's node), not the job
             if lost and len(lost) <= sum(1 for gv in groups if gv.reachable):
                 # an id heard that no rank known reports may be a lost group's new incarnation
-                # (torchft restarts a group under a new one) behind the same cut
-                new = {rid for rid in lighthouse.heartbeats if lighthouse.heartbeating(rid)} \
+                # behind the same cut: torchft names one `<replica id>:<uuid>`, so only one of a
+                # lost group's replica id (or named otherwise) may; a spare's may not
+                bases = {_base(rid) for rid in lost}
+                new = {rid for rid in lighthouse.heartbeats if lighthouse.heartbeating(rid)
+                       and (_base(rid) is None or _base(rid) in bases)} \
                     - gone - {r.replica_id for r in view.ranks.values()}
                 if new and elsewhere is not None:
                     new -= elsewhere()[0]
@@ -581,3 +584,9 @@ def _landed(replica_id: str, still: list, lighthouse: LighthouseStatus | None) -
         return None
     return "the group's rank 0 (its Manager) no longer answers and the Lighthouse no longer " \
            "hears the replica: the kill landed"
+
+
+def _base(replica_id: str) -> str | None:
+    """torchft's Manager id ``<replica id>:<uuid>`` less its incarnation; None: not so named."""
+    base, sep, _ = replica_id.rpartition(":")
+    return base if sep else None

@@ -141,8 +141,9 @@ class Liveness:
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead, self._left)):
             gv = view.groups.get(g)
+            if g in open_dead and full is not None:
+                self._lived(full.groups.get(g), now, lighthouse)
             if gv is None:  # away (its newcomers not verified yet): what was found stays found
-                self._lived(full.groups.get(g) if full is not None else None, now)
                 self._replaced.setdefault(g, set()).update(
                     k[2] for k in findings.open if k[0] in DEAD_KINDS and k[1] == g)
                 continue
@@ -263,13 +264,21 @@ class Liveness:
         new += self._judge_unheard(full, now, evicted)
         return [f for f in new if f]
 
-    def _lived(self, gv: GroupView | None, now: float) -> None:
-        """A ``dead`` of a group out of the evidence whose ranks, in ``gv`` (every rank
-        polled), all answer with its replica id is over: they live, unverified (say, at the
-        quorum of a Lighthouse since restarted). Open, it would evict them."""
-        if gv is not None and gv.ranks and len(gv.reachable) == len(gv.ranks):
-            for key in [k for k in self.findings.open if k[0] == "dead"
-                        and k[1] == gv.replica_group and {k[2]} == gv.reported_replica_ids]:
+    def _lived(self, gv: GroupView | None, now: float,
+               lighthouse: LighthouseStatus | None) -> None:
+        """A ``dead`` of a group whose ranks, in ``gv`` (every rank polled), answer with its
+        replica id, verified or not (say, at the quorum of a Lighthouse since restarted), is
+        over when all answer or its group rank 0 (the Manager's) does, unless the Lighthouse
+        lists that id as stopped: they live. Open, it would evict them."""
+        if gv is None or not gv.ranks:
+            return
+        for key in [k for k in self.findings.open if k[0] == "dead" and k[1] == gv.replica_group]:
+            rid = key[2]
+            answering = [r for r in gv.reachable if r.replica_id == rid]
+            if not answering or (lighthouse is not None and rid in lighthouse.stale):
+                continue
+            if len(answering) == len(gv.ranks) or any(
+                    (r.state or {}).get("group_rank") == 0 for r in answering):
                 self.findings.resolve(key, "reachable", now)
 
     def _note_unheard(self, gv: GroupView, e: RankView, full: ClusterView | None) -> None:
