@@ -44,8 +44,8 @@ def test_the_same_name_is_fine_without_k8s_or_with_a_pod_selector(kube):
     sink = test_hosts_sinks.build_sink("k8s", QuarantineConfig(
         k8s_namespace="train", k8s_pod_selector="app=train", action_timeout_s=5))
     assert sink.quarantine({**EVENT, "job": bad}).ok
-    lists = [r for r in rx.requests if r["method"] == "GET" and r["path"].endswith("/pods")]
-    assert [r["query"]["labelSelector"] for r in lists] == [["app=train"]] * 2
+    lists = [r for r in rx.requests if r.method == "GET" and r.path.endswith("/pods")]
+    assert [r.query["labelSelector"] for r in lists] == [["app=train"]] * 2
     keys = [t["key"] for t in api.node["spec"]["taints"] if t["key"].startswith("lightkeeper")]
     assert len(keys) == 1 and keys[0].startswith("lightkeeper.io/quarantined-team_llm-70b_run_2-")
 

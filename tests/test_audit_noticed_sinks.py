@@ -62,8 +62,8 @@ def test_k8s_two_jobs_on_one_node_release_only_their_own(kube):
                 for j in ("alpha", "beta")}
     alpha, beta = {**EVENT, "job": "alpha"}, {**EVENT, "job": "beta", "kind": "hang"}
     assert sink.quarantine(alpha).ok and sink.quarantine(beta).ok
-    lists = [r for r in rx.requests if r["method"] == "GET" and r["path"].endswith("/pods")]
-    assert [r["query"]["labelSelector"] for r in lists] == [  # the claim's check, the deletion
+    lists = [r for r in rx.requests if r.method == "GET" and r.path.endswith("/pods")]
+    assert [r.query["labelSelector"] for r in lists] == [  # the claim's check, the deletion
         [f"app.kubernetes.io/component=training,lightkeeper/job={j}"]
         for j in ("alpha", "alpha", "beta", "beta")]
 
@@ -78,7 +78,7 @@ def test_k8s_two_jobs_on_one_node_release_only_their_own(kube):
     assert quarantine_taints() == [("lightkeeper.io/quarantined-alpha", "dead_rank")]
     assert api.node["spec"]["unschedulable"] is True
     # the condition stays True, now naming alpha's quarantine
-    assert [r["path"] for r in rx.requests if r["method"] == "PATCH"] == \
+    assert [r.path for r in rx.requests if r.method == "PATCH"] == \
         ["/api/v1/nodes/node-1/status", "/api/v1/nodes/node-1"]
     assert sink.release({**alpha, "event": "release"}).ok
     assert quarantine_taints() == [] and api.node["spec"]["unschedulable"] is False

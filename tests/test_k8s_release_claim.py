@@ -24,7 +24,7 @@ OTHER = {"key": "other", "value": "x", "effect": "NoExecute"}
 
 
 def _patches(rx):
-    return [r["path"] for r in rx.requests if r["method"] == "PATCH"]
+    return [r.path for r in rx.requests if r.method == "PATCH"]
 
 
 def _cond(api):
@@ -123,7 +123,7 @@ def test_a_release_that_failed_midway_is_carried_out_by_its_retry(kube):
     res = sink.release(RELEASE)
     assert res.ok and res.detail == "node node-1: condition LightkeeperQuarantined=False; " \
         "taint removed", res.detail
-    (cond,) = json.loads(rx.requests[1]["body"])["status"]["conditions"]
+    (cond,) = json.loads(rx.requests[1].body)["status"]["conditions"]
     assert (cond["status"], cond["reason"]) == ("False", "Released")
     assert api.node["spec"]["taints"] == [OTHER] and api.node["spec"]["unschedulable"] is False
     rx.requests.clear()  # done: a release by hand after it finds nothing of the job's
