@@ -93,6 +93,9 @@ def test_a_restarted_lighthouse_not_hearing_a_group_yet_evicts_it_not(cut_off):
     rows = wait_until(lambda: _decided(mon, 1), 20, what="a decision on group 1")
     assert job.kills == []
     assert [(d["decision"], d["reason"]) for d in rows] == [("hold", "monitor_blind")]
+    mon.sweep_once()
+    # nor is it its host's offence (GET /v1/hosts): the Lighthouse never said it stopped
+    assert [h["offences"] for h in mon.enforcer.hosts_json()["hosts"]] in ([], [[]])
 
 
 def test_a_group_restarted_behind_the_cut_is_not_evicted_by_its_old_id(cut_off):

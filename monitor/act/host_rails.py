@@ -98,7 +98,9 @@ class DeadGroups:
         out = []
         for key, f in list(self.pending.items()):
             rid: Any = f.replica_id
-            if lighthouse.heartbeating(rid) or len(live) < max(1, len(dead)):
+            # heard, then stopped: a restarted Lighthouse lists none it has not heard yet, and
+            # a group merely cut off from the monitor is no host's offence
+            if rid not in lighthouse.stale or len(live) < max(1, len(dead)):
                 continue
             seen = lighthouse.heartbeats.get(rid)
             f.evidence["lighthouse"] = (
