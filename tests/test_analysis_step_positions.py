@@ -117,3 +117,20 @@ def test_a_bundle_of_too_few_steps_to_judge_per_position_is_unchecked(tmp_path, 
     [b] = report["bundles"]
     assert (b["analysis_agrees"], b["unchecked"]) == verdict, b
     assert "does not name" not in text
+
+
+def test_a_first_collective_taking_every_ranks_loader_jitter_names_nobody():
+    """Every rank waits 0-10 ms on its data before the step's first collective (a one-off
+    signature), the rest of the step in sync: that position's late rate is far above the
+    group's, so a rank late there often by chance is no straggler (64 ranks, 8 hosts, gloo)."""
+    j = FRJob(64, flavour="gloo", hosts={r: f"h{r // 8}" for r in range(64)}, jitter_ms=1.0,
+              compute_ms=3.0, seed=17)
+    rng = random.Random(24)
+    for _ in range(20):
+        ops = [("all_gather", [[1024]] if i == 0 else [[512]]) for i in range(8)]
+        for i, (op, sizes) in enumerate(ops + [("reduce_scatter", [[512]])] * 8
+                                        + [("all_reduce", [[16]])]):
+            j.collective("0", op, sizes, delay_ms={r: 50.0 + rng.uniform(0, 10) if i == 0
+                                                   else 0.0 for r in range(64)})
+    res = analyze({r: {**d, "host": j.host_of(r)} for r, d in j.dumps().items()})
+    assert [f.culprit_ranks for f in res.findings if f.kind == "straggler"] == []

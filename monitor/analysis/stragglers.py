@@ -237,7 +237,7 @@ class StragglerEvidence:
                     # typical rate (a position's own, from so few, is too rough)
                     chance = 0.5 * math.erfc(config.min_z / math.sqrt(2)) / self.pattern[key]
                     by_last = by_last and _tail(observed, last, t.expected / observed) <= chance
-                    by_late = by_late and _tail(observed, late, pooled.get(key, typical)) <= chance
+                    by_late = by_late and _tail(observed, late, max(pooled.get(key, typical), typical)) <= chance
                 if not (by_last or by_late):
                     continue
                 if floor is None:  # only for a group with a candidate: it reads every rank's enqueues
