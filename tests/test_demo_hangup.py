@@ -47,9 +47,13 @@ def test_a_closed_terminal_stops_the_demo_as_ctrl_c_does(demo_run):
             return 130  # what _run returns for Ctrl-C, after stopping everything
         return 0
 
-    before = signal.getsignal(signal.SIGHUP)
-    assert demo_run(hung_up) == 130
-    assert signal.getsignal(signal.SIGHUP) == before
+    # from a terminal's default (pytest run under nohup inherits SIGHUP ignored: kept so)
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        assert demo_run(hung_up) == 130
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_a_demo_started_under_nohup_keeps_ignoring_sighup(demo_run):
