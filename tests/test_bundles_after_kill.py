@@ -41,19 +41,8 @@ def test_no_confirmation_bundle_for_a_group_already_sent_a_kill(tmp_path, job):
     client = create_app(mon).test_client()
     # (kind, group, culprit ranks) added in the sweep that confirms dead_rank, then in the next
     extra = [[("hang", 2, [4]), ("hang", 1, [2])], [("mismatch", 2, [4]), ("mismatch", 0, [0])]]
-    real = mon.detectors.update
-
-    def update(*args, **kwargs):
-        new = real(*args, **kwargs)
-        if extra and (any(f.kind == "dead_rank" for f in new) or len(extra) == 1):
-            for kind, g, ranks in extra.pop(0):
-                f = Finding(kind, g, job.replica_ids[g], ranks, {"summary": "as the engine"},
-                            clock[0], clock[0])
-                if mon.detectors.report(f):
-                    new.append(f)
-        return new
-
-    mon.detectors.update = update
+    _add_findings(mon, job, clock, extra,
+                  when=lambda new: any(f.kind == "dead_rank" for f in new) or len(extra) == 1)
 
     def bundles() -> set[tuple]:
         rows = client.get("/v1/incidents").get_json()["bundles"]
@@ -95,14 +84,14 @@ def _wait_for(client, row: tuple) -> None:
         time.sleep(0.05)
 
 
-def _add_findings(mon, job, clock, extra: list[tuple]) -> None:
-    """Findings the engine would confirm, added to the detectors' output at the next sweep."""
+def _add_findings(mon, job, clock, extra: list[list[tuple]], when=lambda new: True) -> None:
+    """Findings the engine would confirm, ``extra``'s first batch of (kind, group, culprit
+    ranks) added to the detectors' output at the next sweep whose own findings ``when`` takes."""
     real = mon.detectors.update
 
     def update(*args, **kwargs):
         new = real(*args, **kwargs)
-        while extra:
-            kind, g, ranks = extra.pop(0)
+        for kind, g, ranks in extra.pop(0) if extra and when(new) else []:
             f = Finding(kind, g, job.replica_ids[g], ranks, {"summary": "as the engine"},
                         clock[0], clock[0])
             if mon.detectors.report(f):
@@ -124,7 +113,7 @@ def test_a_live_group_whose_kill_turned_unconfirmed_keeps_its_confirmation_bundl
         rails=RailsConfig(min_replicas=2, cooldown_s=0), bundles=BundleConfig(timeout_s=1.0)),
         clock=lambda: clock[0])
     client = create_app(mon).test_client()
-    extra: list[tuple] = []
+    extra: list[list[tuple]] = []
     _add_findings(mon, job, clock, extra)
     try:
         job.train_and_sweep(mon, clock, 5)
@@ -134,7 +123,7 @@ def test_a_live_group_whose_kill_turned_unconfirmed_keeps_its_confirmation_bundl
         job.train_and_sweep(mon, clock, 70)  # past the confirmation window: still training
         [kill] = client.get("/v1/evictions?decision=evict").get_json()
         assert kill["status"] == "unconfirmed"
-        extra[:] = [("hang", 2, [2])]
+        extra[:] = [[("hang", 2, [2])]]
         job.train_and_sweep(mon, clock, 1)
         _wait_for(client, ("confirm", "hang", 2))
     finally:
@@ -152,7 +141,7 @@ def test_no_confirmation_bundle_for_a_group_a_shard_proposed_that_sweep(tmp_path
         rails=RailsConfig(min_replicas=2, cooldown_s=0, evict_kinds=("mismatch",)),
         bundles=BundleConfig(timeout_s=1.0)), clock=lambda: clock[0])
     client = create_app(mon).test_client()
-    extra: list[tuple] = []
+    extra: list[list[tuple]] = []
     _add_findings(mon, job, clock, extra)
     real = mon.enforcer.bundle_confirmed
 
@@ -168,7 +157,7 @@ def test_no_confirmation_bundle_for_a_group_a_shard_proposed_that_sweep(tmp_path
     mon.enforcer.bundle_confirmed = bundle_confirmed
     try:
         job.train_and_sweep(mon, clock, 5)
-        extra[:] = [("straggler", 2, [4]), ("hang", 2, [4]), ("hang", 1, [2])]
+        extra[:] = [[("straggler", 2, [4]), ("hang", 2, [4]), ("hang", 1, [2])]]
         job.train_and_sweep(mon, clock, 1)
         _wait_for(client, ("confirm", "hang", 1))
         assert _confirm_bundles(client) == {("evict", "straggler", 2), ("confirm", "hang", 1)}
