@@ -300,8 +300,8 @@ class WorkerServer:
         read-only endpoints as handlers on torch's server (:mod:`worker_server.torch_server`),
         Flask where this torch cannot. Raises ValueError for another value, ``OSError`` when
         ``port`` cannot be bound. Without ``port``: ``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK``
-        (torchrun's ranks of a node, one port each), else ephemeral; an environment with no
-        port, or one that is taken, is said in one line and the rank serves on an ephemeral
+        (torchrun's ranks of a node, one port each), else ephemeral; an environment's port that
+        is no port, or one that is taken, is said in one line and the rank serves on an ephemeral
         port (the job goes on); an address that cannot be bound (a ``LIGHTKEEPER_WORKER_HOST``
         this host lacks) raises ``OSError`` on any port. A ``monitor_url`` (else
         ``LIGHTKEEPER_MONITOR``) entry that is no URL is left out in one line, and the rank
