@@ -258,8 +258,8 @@ class Enforcer:
         heard when given (``heard``: whether knowing none is seen, if not so). ``unheard``: nor
         of groups it reaches none of that ``lighthouse`` lists as no longer heard (gone, as both
         agree), while they are no more than the groups it reaches (else both may be cut off
-        together) and it hears no replica id that no rank known (a shard: nor ``elsewhere``,
-        the other shards') reports."""
+        together) and it hears no replica id of a lost group's name (:func:`_base`) that no
+        rank known (a shard: nor ``elsewhere``, the other shards') reports."""
         gone = self.store.told_to_go_replica_ids() | set(also)
         if unheard and lighthouse is not None:
             groups = (view.evidence_view or view).groups.values()
