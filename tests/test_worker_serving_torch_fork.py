@@ -7,15 +7,25 @@ fork's child closes its copy at once and stops nothing of its parent's."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import select
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import requests
 
 from worker_server import RankIdentity, RankState, WorkerServer, torch_server
 from worker_server.torch_server import unavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+# each a rank that forks (a DataLoader worker) while serving on torch's server (_case_<name>)
+CASES = ("a_dead_ranks_forked_child_does_not_keep_its_torch_port",
+         "a_forked_child_that_exits_leaves_its_parents_torch_server_serving",
+         "a_dead_ranks_forked_child_does_not_keep_a_connection_its_server_accepted")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,13 +38,40 @@ def _torchs_server_and_proc():
         pytest.skip(why)
 
 
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, str]:
+    """Each case run in one fresh interpreter: a fork from pytest-xdist's worker, whose other
+    threads may hold a lock at that moment (logging's, an import's), can hang its child.
+    Case name -> "ok" or its traceback."""
+    code = ("import json, traceback\n"
+            "import tests.test_worker_serving_torch_fork as m\n"
+            "out = {}\n"
+            "for name in m.CASES:\n"
+            "    try:\n"
+            "        getattr(m, '_case_' + name)()\n"
+            "        out[name] = 'ok'\n"
+            "    except BaseException:\n"
+            "        out[name] = traceback.format_exc()\n"
+            "print('RESULTS ' + json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULTS ")]
+    assert lines, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    return json.loads(lines[-1][len("RESULTS "):])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_forking_rank_on_torchs_server(fresh, case):
+    assert fresh[case] == "ok", fresh[case]
+
+
 def _read(fd: int, timeout_s: float = 10.0) -> bytes:
     ready, _, _ = select.select([fd], [], [], timeout_s)
     assert ready, "the rank never said its port"
     return os.read(fd, 64)
 
 
-def test_a_dead_ranks_forked_child_does_not_keep_its_torch_port():
+def _case_a_dead_ranks_forked_child_does_not_keep_its_torch_port():
     state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1))
     port_r, port_w = os.pipe()
     end_r, end_w = os.pipe()  # closed by the test: the grandchild (a DataLoader worker) ends
@@ -78,7 +115,7 @@ def test_a_dead_ranks_forked_child_does_not_keep_its_torch_port():
         os.close(port_r)
 
 
-def test_a_forked_child_that_exits_leaves_its_parents_torch_server_serving():
+def _case_a_forked_child_that_exits_leaves_its_parents_torch_server_serving():
     """A child ending normally ran the at-exit stop of the server it was forked with: torch's
     shutdown() on the copy shut the parent's listening socket, and the parent (the rank) was
     aborted by its server thread ("failed to listen", SIGABRT)."""
@@ -105,7 +142,7 @@ def test_a_forked_child_that_exits_leaves_its_parents_torch_server_serving():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_a_dead_ranks_forked_child_does_not_keep_a_connection_its_server_accepted():
+def _case_a_dead_ranks_forked_child_does_not_keep_a_connection_its_server_accepted():
     """The monitor keeps its connection to a rank alive; a worker forked meanwhile kept its copy
     of the connection torch's server had accepted, so when the rank died the monitor read no
     close: its next poll waited out its timeout instead of failing at once."""
