@@ -469,8 +469,11 @@ class LocalCluster:
                                    f"{group.proc.returncode}: {text[-3000:]}")
             return None
 
-        group.worker_urls = wait_until(urls, timeout, what=f"replica group {replica_group}'s "
-                                                           "WorkerServers")
+        try:
+            group.worker_urls = wait_until(urls, timeout, what=f"replica group {replica_group}'s "
+                                                               "WorkerServers")
+        except TimeoutError as e:  # its log says where its ranks are
+            raise TimeoutError(f"{e}; its log ends: {group.log()[-3000:]}") from None
         return group.worker_urls
 
     def start(self, faults: dict[int, list[str]] | None = None, timeout: float = 90.0) -> None:

@@ -145,7 +145,7 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
                 old.rank_procs[0].send_signal(signal.SIGTERM)  # its SIGTERM, too late
                 forgotten_as_stopped([old.worker_urls[1]])
             cluster.start_group(g, host=HOSTS[g])
-            cluster.wait_for_workers(g, timeout=60)
+            cluster.wait_for_workers(g, timeout=120)  # as at the start, on a busy machine
             wait_until(lambda: stepping(g, step), 60, interval=0.2,  # noqa: B023
                        what=f"group {g} back and stepping")
         judged()
