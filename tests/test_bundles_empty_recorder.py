@@ -28,6 +28,24 @@ NOT_DUMPS = {2: b"{}", 3: b"[]", 4: b"<html><body>502 Bad Gateway</body></html>"
              5: b'{"error": "no flight recorder", "status": 500}'}
 
 
+def _capture(tmp_path, sim: SimRanks, kind: str) -> dict:
+    """An eviction bundle of ``sim``'s ranks for a ``kind`` finding of group 0 (then stopped)."""
+    view = scratch_view(time.time(), {r.url: RankView(r.url, True, dict(r.state))
+                                      for r in sim.ranks})
+    store = Store(str(tmp_path / "state.sqlite"))
+    bundles = Bundles(MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
+                                    bundles=BundleConfig(timeout_s=2.0)), store)
+    finding = {"kind": kind, "replica_group": 0, "replica_id": "replica_group_0:sim",
+               "ranks": [0], "evidence": {}, "first_seen": time.time()}
+    try:
+        got = bundles.capture("evict", view, view, finding, 1, {"id": 1}, [])
+        return {**got, "path": bundles.store.path(got["id"])}
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+
+
 def test_an_empty_recorders_dump_is_kept_and_what_is_no_dump_is_not(tmp_path, capsys):
     sim = SimRanks.start(6)
     job = FRJob(6, flavour="gloo")
@@ -35,23 +53,10 @@ def test_an_empty_recorders_dump_is_kept_and_what_is_no_dump_is_not(tmp_path, ca
     for r in sim.ranks:
         rank = r.state["rank"]
         r.fr = EMPTY if rank == 0 else NOT_DUMPS.get(rank, job.dumps()[rank])
-    view = scratch_view(time.time(), {r.url: RankView(r.url, True, dict(r.state))
-                                      for r in sim.ranks})
-    store = Store(str(tmp_path / "state.sqlite"))
-    bundles = Bundles(MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
-                                    bundles=BundleConfig(timeout_s=2.0)), store)
-    finding = {"kind": "stuck_starting", "replica_group": 0, "replica_id": "replica_group_0:sim",
-               "ranks": [0], "evidence": {}, "first_seen": time.time()}
-    try:
-        got = bundles.capture("evict", view, view, finding, 1, {"id": 1}, [])
-        path = bundles.store.path(got["id"])
-        with tarfile.open(path, "r:gz") as tar:
-            files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar
-                     if m.isfile()}
-    finally:
-        bundles.close()
-        store.close()
-        sim.stop()
+    got = _capture(tmp_path, sim, "stuck_starting")
+    path = got["path"]
+    with tarfile.open(path, "r:gz") as tar:
+        files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar if m.isfile()}
     fr = {x["rank"]: x["fr_trace"] for x in json.loads(files["manifest.json"])["ranks"]}
     assert fr[0] == fr[1] == "ok", fr
     assert files["fr/rank0.json"] == EMPTY  # as the rank sent it
@@ -73,20 +78,6 @@ def test_a_hang_bundle_of_empty_recorders_only_is_not_checked_against_the_monito
     sim = SimRanks.start(2)
     for r in sim.ranks:
         r.fr = EMPTY.replace(b'"rank":0', b'"rank":%d' % r.state["rank"])
-    view = scratch_view(time.time(), {r.url: RankView(r.url, True, dict(r.state))
-                                      for r in sim.ranks})
-    store = Store(str(tmp_path / "state.sqlite"))
-    bundles = Bundles(MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
-                                    bundles=BundleConfig(timeout_s=2.0)), store)
-    finding = {"kind": "hang", "replica_group": 0, "replica_id": "replica_group_0:sim",
-               "ranks": [0], "evidence": {}, "first_seen": time.time()}
-    try:
-        path = bundles.store.path(bundles.capture("evict", view, view, finding, 1, {"id": 1},
-                                                  [])["id"])
-    finally:
-        bundles.close()
-        store.close()
-        sim.stop()
-    assert main(["analyze", "--format", "json", path]) == 2
+    assert main(["analyze", "--format", "json", _capture(tmp_path, sim, "hang")["path"]]) == 2
     [b] = json.loads(capsys.readouterr().out)["bundles"]
     assert b["analysis_agrees"] is None, b
