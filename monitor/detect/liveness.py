@@ -1,8 +1,6 @@
-"""Ranks that are gone (``dead_rank``: its Manager still answers and its group is seen waiting
-for it; ``dead``: the Manager too) or never start (``stuck_starting``); only a verified group's
-replica id can be evicted. A rank whose last answer said its training finished is not gone when
-it stops answering: it ended; nor is one of an incarnation the monitor evicted: it was told to go.
-"""
+"""Ranks gone after they started (``dead_rank``: its Manager still answers and its group is seen
+waiting for it; ``dead``: the Manager too); only a verified group's replica id can be evicted.
+One that said it finished, or whose incarnation was evicted, ended when it went silent."""
 
 from __future__ import annotations
 
@@ -19,14 +17,11 @@ from monitor.evidence.rank import DOWN_AT
 from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
-from .left_out import LeftOut
 from .rank_state import SaveClock, collective_wait
+from .starting import StuckStarting
 
 log = logging.getLogger(__name__)
 DEAD_KINDS = ("dead", "dead_rank")
-# past start_quorum, before the first collective: a synchronous quorum call returns with the
-# quorum's id, so a rank here without one asked asynchronously (its allreduce waits for it)
-FIRST_STEP_PHASES = ("forward", "backward")
 HOLD = float("-inf")  # the mark of a rank whose group's commits when it went down are unknown
 # asyncio's error when every address of a host name (IPv6 and IPv4) failed: each part refused
 _ONE = rf"\[Errno {errno.ECONNREFUSED}\] Connect call failed \([^()]*\)"
@@ -39,19 +34,6 @@ def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
                           "since": r.unreachable_since} for r in ranks}
 
 
-def _no_quorum_why(r: RankView) -> str:
-    if "torch_only" in r.state:  # quorum id -1: out of the Lighthouse's newest quorum
-        return ("not in the Lighthouse's newest quorum (torch's debug server: its ranks tell "
-                "no quorum of their own)")
-    if not r.replica_id:
-        return "no torchft Manager yet (waiting for the group's store or rank 0)"
-    if r.state.get("phase") in FIRST_STEP_PHASES:
-        return ("asked for its quorum asynchronously and has not reached its first collective "
-                "(its first step hangs, or compiles past --starting-timeout)")
-    return ("the Manager exists but no quorum was formed (Lighthouse unreachable, or the "
-            "group's other ranks never asked)")
-
-
 def _commits(st: Mapping[str, Any]) -> int:
     """The rank's ``commits`` (its ``step`` where it counts none: torch's debug server): a heal
     moves the step with no commit."""
@@ -60,9 +42,8 @@ def _commits(st: Mapping[str, Any]) -> int:
 
 
 def _kept_mark(st: Mapping[str, Any], done: int) -> float:
-    """The mark of a rank down since before this monitor started (its state kept in --state):
-    the last run's, else the rank's own last commits (maybe older than its death: a late
-    finding, never a false one); neither known: it holds (a heal moves ``step`` past commits)."""
+    """The mark of a rank down since before this monitor started: the last run's, else its own
+    last commits (maybe older than its death: a late finding, never a false one), else HOLD."""
     m = st.get(DOWN_AT)
     m = m if type(m) is int else st.get("commits")
     return min(done, m) if type(m) is int else HOLD
@@ -87,37 +68,25 @@ def _process(r: RankView) -> tuple:
     return r.state.get("pid"), r.state.get("started_at")
 
 
-class Liveness:
+class Liveness(StuckStarting):
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
-        self.cfg, self.findings = cfg, findings
+        super().__init__(cfg, findings)
         self._last: dict[int, GroupView] = {}  # group -> its last view, kept while it is away
         self._down: set[int] = set()  # groups last seen with a rank down
-        self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
         # url of a rank down -> its Manager's commits then (HOLD: unknown); kept in --state
         self.down_at: dict[str, float] = {}
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by url, noted as _held judges
-        self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
-        # said it ended -> its peers already down then
+        self._ended: dict[int, dict[str, set[str]]] = {}  # group -> ended replica id -> peers down
         self._replaced: dict[int, set[str]] = {}  # group -> earlier incarnations judged
-        self._left: dict[int, dict[str, RankView]] = {}  # group -> url -> an earlier
-        # incarnation's last view there, until the process answering there now is judged
-        self._stepped: dict[int, tuple[int, float]] = {}  # group -> its Manager's step and
-        # when first seen at it: how long a group with a rank down has committed nothing
+        self._left: dict[int, dict[str, RankView]] = {}  # group -> url -> an earlier one's view
+        self._stepped: dict[int, tuple[int, float]] = {}  # group -> its Manager's step, since
         self._unheard: dict[tuple[int, str], tuple[set[str], bool]] = {}  # (group, replica id)
         # -> never verified ranks down when its stop was read (crashed), and whether found
-        self._left_out = LeftOut(cfg)  # stuck_starting's other shape: out of the job's quorums
-        self._away: dict[tuple, int] = {}  # stuck_starting key -> sweeps its group was away
-        self._no_quorum: dict[int, list[float]] = {}  # group -> [since when it answers without a
-        # quorum, when a rank of it last answered]: it outlives a process (torchft gives each a
-        # new replica id, and its rank is down between two), so a crash loop keeps its clock
-        self._lh_read = False  # a Lighthouse status was read once (None since: a failed read)
-        self._unsure: set[Any] = set()  # why a dead was held last sweep ("cut_off", or a
-        # replica id the Lighthouse hears): said once while it lasts
+        self._unsure: set[Any] = set()  # why a dead was held last sweep: said once while it lasts
 
     def _mark(self, r: RankView, done: int) -> float:
         """The commits ``r`` went down at: this run's mark, else, never heard by this run (its
-        state from --state: down since before it started, maybe long), the kept one (a group
-        that committed past it since lived), else ``done``."""
+        state from --state), the kept one, else ``done``."""
         if r.url in self.down_at:
             return self.down_at[r.url]
         return _kept_mark(r.state, done) if r.answered_at is None and r.state else done
@@ -125,11 +94,9 @@ class Liveness:
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = (),
              full: ClusterView | None = None, cut_off: bool = False,
              lighthouse: LighthouseStatus | None = None) -> list[Finding]:
-        """``view``: the evidence; ``full``: every rank polled (the never verified among them
-        are judged only when a verified peer's stop notice is read). A group out of reach is not
-        ``dead`` while ``cut_off`` (the monitor may be the one cut off) unless its hosts refused
-        the connections, nor while ``lighthouse`` (its status this sweep) hears its replica id
-        since its ranks were lost."""
+        """``view``: the evidence; ``full``: every rank polled (its never verified ones judged on a
+        verified peer's stop notice only). A group out of reach is not ``dead`` while ``cut_off``
+        unless its hosts refused, nor while ``lighthouse`` hears its replica id since."""
         findings, new = self.findings, []
         unsure, self._unsure = self._unsure, set()
         open_dead = findings.groups(*DEAD_KINDS)
@@ -161,10 +128,9 @@ class Liveness:
                 for kind in DEAD_KINDS:
                     findings.resolve((kind, g, rid), "evicted", now)
                 continue
-            # a rank that ended (a planned stop) fails its peers' collectives: those of its
-            # incarnation that go down after its stop was read (a pod SIGTERMed later, or
-            # never) end with it; one down before (a crash torchrun then stopped) is dead, unless
-            # the stopping peer's commits grew by more than one since (it lived, unreachable)
+            # a rank that ended fails its peers' collectives: those of its incarnation down after
+            # its stop was read end with it; one down before (a crash torchrun then stopped) is
+            # dead, unless the stopping peer's commits grew by more than one since (it lived)
             ended = self._ended.setdefault(g, {})
             ids = {r.replica_id for r in (*gv.ranks, *gv.superseded, *left)}
             for k in [k for k in ended if k not in ids]:
@@ -193,10 +159,8 @@ class Liveness:
                     and r.url in ended.get(r.replica_id, (r.url,))]
             manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
                           and r.replica_id == rid and rid is not None]
-            # torchft commits a step only with every rank of the group: a rank the group has
-            # committed past since it stopped answering lives (the monitor cannot reach it);
-            # one that dies later is not found until it answers again (a miss, not a false kill:
-            # nothing the monitor reads tells its death from another group's stall)
+            # torchft commits a step only with every rank of the group: one the group committed
+            # past since it stopped answering lives (a later death is missed, never a false kill)
             top = max((m.state.get("step") or 0 for m in manager_up), default=None)
             if top is None:
                 self._stepped.pop(g, None)
@@ -232,9 +196,8 @@ class Liveness:
                                             min(r.unreachable_since or now for r in lost), now,
                                             view))
                 continue
-            # a host that refused the connection was reached: its ranks' processes are gone
+            # a host that refused the connection was reached: its ranks' processes are gone;
             # while cut off, a Lighthouse hearing one missed group may be on the monitor's side
-            # of the cut (a hung group's Manager heartbeats on): its silence proves nothing
             pending = "cut_off" if cut_off and not all(map(_refused, down)) \
                 else rid if _heard_since(lighthouse, rid, down, now) else None
             if down and pending:  # said once while it lasts
@@ -266,10 +229,8 @@ class Liveness:
 
     def _lived(self, gv: GroupView | None, now: float,
                lighthouse: LighthouseStatus | None) -> None:
-        """A ``dead`` of a group whose ranks, in ``gv`` (every rank polled), answer with its
-        replica id, verified or not (say, at the quorum of a Lighthouse since restarted), is
-        over when all answer or its group rank 0 (the Manager's) does, unless the Lighthouse
-        lists that id as stopped: they live. Open, it would evict them."""
+        """A ``dead`` is over once its ranks in ``gv`` (every rank polled, verified or not) answer
+        with its replica id, all or group rank 0, unless the Lighthouse lists that id stopped."""
         if gv is None or not gv.ranks:
             return
         for key in [k for k in self.findings.open if k[0] == "dead" and k[1] == gv.replica_group]:
@@ -282,12 +243,9 @@ class Liveness:
                 self.findings.resolve(key, "reachable", now)
 
     def _note_unheard(self, gv: GroupView, e: RankView, full: ClusterView | None) -> None:
-        """A rank of ``e``'s group never verified (its first second under its Manager: read
-        without its replica id, or before the Lighthouse heard it) in a group rank no verified
-        rank of ``e``'s incarnation holds, down at most ``--dead-sweeps`` sweeps when ``e``'s
-        stop was read: it crashed and the launcher stopped ``e`` (torchrun stops a crashed
-        worker's peers within seconds; one down longer lived, unreachable, as its group went
-        on)."""
+        """A never verified rank in a group rank no verified rank of ``e``'s incarnation holds,
+        down at most ``--dead-sweeps`` sweeps when ``e``'s stop was read, crashed: the launcher
+        stopped ``e`` (torchrun stops a crashed worker's peers within seconds)."""
         fg = full.groups.get(gv.replica_group) if full is not None else None
         rid, ws = e.replica_id, e.state.get("group_world_size")
         mine = [r for r in gv.ranks if r.replica_id == rid]
@@ -311,9 +269,8 @@ class Liveness:
 
     def _judge_unheard(self, full: ClusterView | None, now: float,
                        evicted: Container[str]) -> list[Finding]:
-        """``dead`` for the ranks :meth:`_note_unheard` kept, once down ``--dead-sweeps``
-        sweeps; none once one answers again (or is forgotten first), or another is open.
-        Kept while the one found is open: the loop above then resolves none of its group."""
+        """``dead`` for the ranks :meth:`_note_unheard` kept, once down ``--dead-sweeps`` sweeps;
+        none once one answers again or another is open (kept while the one found is open)."""
         out = []
         for key, (urls, found) in list(self._unheard.items()) if full is not None else ():
             g, rid = key
@@ -338,11 +295,9 @@ class Liveness:
 
     def _held(self, gv: GroupView, view: ClusterView, lost: list[RankView],
               now: float) -> dict[str, Any] | None:
-        """What shows the group waits for its ``lost`` ranks, or None: a live rank of it blocked
-        in a collective or the commit vote for a median step, or its Manager's step unchanged for
-        ``--hang-factor`` median steps since they went down, counted from the end of a spell of
-        its reachable ranks in a held phase (a save) seen under --checkpoint-timeout. A rank the
-        monitor merely cannot reach holds nothing: its group trains on."""
+        """What shows the group waits for its ``lost`` ranks, or None: a live rank blocked in a
+        collective for a median step, or its Manager's step unchanged for ``--hang-factor`` median
+        steps since they went down (a save under --checkpoint-timeout restarts that clock)."""
         med = gv.median_step_seconds() or view.median_step_seconds()
         rid = gv.replica_id
         blocked = {}
@@ -368,10 +323,8 @@ class Liveness:
         return None
 
     def _left_behind(self, gv: GroupView, last: GroupView | None) -> list[RankView]:
-        """The earlier incarnations' last views at addresses another process answers at now
-        (restarted there: a fixed worker port). Each is kept from the last sweep that showed it
-        (down, or answering before a restart between two polls) while its address shows no
-        other process of this group, then until judged."""
+        """The earlier incarnations' last views at addresses another process answers at now (a
+        fixed worker port), kept from the last sweep that showed them until judged."""
         g = gv.replica_group
         left = self._left.pop(g, {})
         scan = last is not None and last is not gv and (
@@ -399,8 +352,7 @@ class Liveness:
                         ids: set[Any], evicted: Container[str], now: float,
                         left: list[RankView]) -> list[Finding]:
         """An earlier incarnation replaced before its lost ranks were down ``--dead-sweeps``
-        sweeps (restarted at once: torchrun stopping a crashed rank's peers, a warm spare): the
-        new incarnation shows they are gone, so a rank of it that went down unsaid is dead."""
+        sweeps (restarted at once): a rank of it that went down unsaid is dead."""
         g = gv.replica_group
         judged = self._replaced.setdefault(g, set())
         judged.intersection_update(ids)
@@ -431,142 +383,3 @@ class Liveness:
                 # the culprits as last seen: the view's ranks of their numbers replaced them
                 SimpleNamespace(rank_view={r.rank: r for r in ranks}.get), replica_id=old))
         return out
-
-    def _note_no_quorum(self, full: ClusterView, without: set[int], now: float) -> None:
-        """Each group's memory of having no quorum: from when a rank of it (``without``) first
-        answered without one, until one answers with one, or none has answered for
-        --starting-timeout (it left)."""
-        noq = self._no_quorum
-        for g in without:
-            noq.setdefault(g, [now, now])
-        for g, m in list(noq.items()):
-            up = full.groups[g].reachable if g in full.groups else ()
-            if any(r.state and r.state.get("quorum_id", -1) >= 0 for r in up) \
-                    or not up and now - m[1] >= self.cfg.starting_timeout_s:
-                del noq[g]
-            elif up:
-                m[1] = now
-
-    def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
-                       groups: Mapping[int, Any], view: ClusterView | None = None,
-                       lighthouse: LighthouseStatus | None = None,
-                       evicted: Container[str] = ()) -> list[Finding]:
-        """``starting_urls``: the ranks without a quorum (None: read here); ``groups``: each
-        verified group's memory; ``view``: the evidence, whose groups the job's quorums go on
-        without are named too (monitor.detect.left_out; None: not judged); ``lighthouse``: its
-        status this sweep, whose newest quorum and members it prefers to the ranks' word;
-        ``evicted``: replica ids told to go."""
-        findings, starting, without = self.findings, {}, set()
-        # one evicted is over, and so are its group's clocks: its restart (within the timeout),
-        # or a rank the kill did not reach (before its Manager: no replica id), is judged afresh,
-        # not named (and evicted again) at first sight
-        for key in [k for k, f in findings.open.items() if k[0] == "stuck_starting"
-                    and k[2] in evicted and f.evidence.get("shape") == "no_first_quorum"]:
-            findings.resolve(key, "evicted", now)
-            self._no_quorum.pop(key[1], None)
-            for ident in [i for i in self._starting if getattr(
-                    full.ranks.get(i[0]), "replica_group", None) == key[1]]:
-                del self._starting[ident]
-        polled = full.polled_ranks if starting_urls is None else \
-            [full.ranks[u] for u in starting_urls]
-        for r in polled:  # a carried rank keeps what its last poll said
-            s = r.state
-            if not r.reachable or not s:
-                continue
-            if s["quorum_id"] >= 0 or r.replica_group is None or r.replica_id in evicted:
-                continue  # most have a quorum; one told to go is going
-            starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
-            without.add(r.replica_group)
-        self._note_no_quorum(full, without, now)
-        noq = self._no_quorum
-        # a rank not polled now, or that missed fewer than --dead-sweeps polls (a busy
-        # process), or whose group is away with its finding open: its clock kept
-        ds, new = self.cfg.dead_sweeps, []
-        held = {k[1] for k in findings.open if k[0] == "stuck_starting"
-                and k[1] in full.groups and not full.groups[k[1]].reachable}
-        for ident in self._starting:
-            r = full.ranks.get(ident[0])
-            if r is not None and r.replica_group is not None and r.replica_id not in evicted and (
-                    r.reachable and not r.fresh or not r.reachable and not r.superseded
-                    and (r.failures < ds or r.replica_group in held)):
-                starting.setdefault(r.url, ident)
-        seen = set(starting.values())
-        stuck: dict[int, list[RankView]] = {}
-        for ident in seen:  # on its own clock, or its group's without a quorum if older
-            r = full.ranks[ident[0]]
-            if now - min(self._starting.setdefault(ident, now),
-                         noq.get(r.replica_group, (now,))[0]) >= self.cfg.starting_timeout_s:
-                stuck.setdefault(r.replica_group, []).append(r)
-        for ident in [i for i in self._starting if i not in seen]:
-            del self._starting[ident]
-        left, still = self._left_out.judge(view, now, set(stuck), lighthouse) if view is not None \
-            else ({}, set())
-        # named until its group answers with a quorum, judged this sweep or not (a blip, a
-        # restart still without one); left_job only after --dead-sweeps sweeps in which the
-        # monitor reached some group and the Lighthouse did not hear this one: a restart's gap
-        # or the monitor's own cut is no leaving
-        seen_any = any(v.reachable for v in full.groups.values())
-        self._lh_read |= lighthouse is not None
-        gone, self._away = self._away, {}
-        for key, f in [(k, f) for k, f in findings.open.items() if k[0] == "stuck_starting"
-                       and k[1] in full.groups]:
-            g, left_out = key[1], f.evidence.get("shape") == "left_out"
-            gv, fg = view.groups.get(g) if view is not None else None, full.groups[g]
-            n, away = 0, seen_any and not fg.reachable
-            if away and lighthouse is None and self._lh_read:
-                if key in gone:
-                    self._away[key] = gone[key]
-            elif away and (lighthouse is None or not lighthouse.heartbeating(
-                    key[2] or fg.replica_id or "")):
-                n = self._away[key] = gone.get(key, 0) + 1
-            if gv is not None and gv.replica_id not in (None, key[2]) and (left_out or key[2]):
-                findings.resolve(key, "replaced", now)
-                if not left_out and g in noq:  # the one replacing it goes on from its clock
-                    noq[g][0] = min(noq[g][0], f.first_seen)
-            elif n >= ds and (left_out or g not in noq) or n and all(r.ended for r in fg.ranks):
-                findings.resolve(key, "left_job", now)
-            elif g not in stuck and not (left_out and g in still) and any(
-                    r.state and r.state.get("quorum_id", -1) >= 0 for r in fg.reachable):
-                findings.resolve(key, "started", now)
-        for lo in left.values():
-            new.append(findings.confirm(
-                "stuck_starting", lo.gv, sorted(r.rank for r in lo.gv.ranks if r.rank is not None),
-                lo.evidence, lo.first_seen, now, view))
-        for g, ranks in stuck.items():
-            gv = full.groups.get(g)
-            if gv is None:
-                continue
-            mem = groups.get(g)
-            rid = mem.replica_id if mem is not None else None
-            # a survivor of an evicted incarnation (no replica id of its own) is not that one
-            if rid in evicted or rid is not None and any(
-                    r.replica_id not in (None, rid) for r in ranks):
-                rid = None
-            was = findings.open.get(("stuck_starting", g, rid))
-            kept = [was.first_seen] if was else []
-            if was is None:
-                # one carried unanswered (crashed?) keeps its clock: its stale poll opens nothing
-                ranks = [r for r in ranks if r.reachable]
-                if not ranks:
-                    continue
-                # one named under another replica id (a restart, or its ranks now verified):
-                # this one replaces it on its clock, so the group stays named throughout
-                for key in [k for k, f in findings.open.items() if k[:2] == ("stuck_starting", g)
-                            and f.evidence.get("shape") == "no_first_quorum"]:
-                    kept.append(findings.open[key].first_seen)
-                    findings.resolve(key, "replaced", now)
-            # an open one keeps its clock through a restart, and so does the group's memory
-            first = min([self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
-                         for r in ranks] + kept + [noq.get(g, (now,))[0]])
-            numbers = sorted(r.rank for r in ranks if r.rank is not None)
-            ev = {"summary": f"rank(s) {numbers} without a quorum for {now - first:.0f}s (timeout "
-                             f"{self.cfg.starting_timeout_s:g}s)",
-                  "shape": "no_first_quorum", "starting_timeout_s": self.cfg.starting_timeout_s,
-                  "for_s": round(now - first, 1),
-                  "ranks": {str(r.rank): {
-                      "phase": r.state.get("phase"), "replica_id": r.replica_id,
-                      "verified": r.trust is None or r.trust.evidence,
-                      "why": _no_quorum_why(r)} for r in ranks}}
-            new.append(findings.confirm("stuck_starting", gv, numbers, ev, first, now, full,
-                                        replica_id=rid))
-        return [f for f in new if f]

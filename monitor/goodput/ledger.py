@@ -4,8 +4,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-from functools import partial
+from collections import deque
 from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any
@@ -14,11 +13,12 @@ import numpy as np
 
 from monitor.evidence.view import ClusterView
 
-from .columns import CommitReader, History, Judged, Slots, key_of
+from .columns import CommitReader, History, Judged, Slots
 from .incidents import DRAG_KINDS, Incidents
-from .model import PENDING, UNSEEN, GoodputConfig, Incident, Interval, Run, SweepAccount
+from .model import PENDING, GoodputConfig, Incident, Interval, Run, SweepAccount
 from .pace import JobPace, pace_of
 from .report import GoodputReport
+from .settle import GoodputSettlement, _link
 from .snapshot import GoodputSnapshot
 
 # how long after a kill a job with no rank running is still down for it, not ended: the
@@ -26,17 +26,15 @@ from .snapshot import GoodputSnapshot
 RELAUNCH_S = 300.0
 
 
-class GoodputLedger(GoodputReport, GoodputSnapshot):
+class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
     """:meth:`update` once per sweep; read with :meth:`to_json` (report.py), save and resume
-    with :meth:`snapshot`, :meth:`unsaved` and :meth:`restore` (snapshot.py)."""
+    with :meth:`snapshot`, :meth:`unsaved`, :meth:`restore` (snapshot.py); runs: settle.py."""
 
     def __init__(self, cfg: GoodputConfig | None = None) -> None:
         self.cfg = cfg or GoodputConfig()
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
-        self.slots = Slots()
-        self.hist = History()
-        self.judged = Judged()
+        self.slots, self.hist, self.judged = Slots(), History(), Judged()
         self.reader = CommitReader()
         self.job = JobPace(self.cfg)
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
@@ -48,8 +46,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.first_incident = 1  # the store's incidents below are an older ledger's
         self.unobserved_s = self.gap_s = 0.0
         self.gaps = self.skipped_sweeps = 0
-        # goodput re-judged as badput after the (monotonic) metrics counted it: paid back
-        # from the next sweeps' goodput
+        # goodput re-judged as badput after the (monotonic) metrics counted it: paid back later
         self.goodput_debt = 0.0
         self._revised: list[tuple[str, float]] = []  # re-judged (cause, seconds) not counted
         self.runs: list[Run] = []  # unsettled badput, a group's in time order
@@ -187,18 +184,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                     r.cause = "straggler_drag" if inc.kind in DRAG_KINDS and not r.idle \
                         else "stall"
 
-    def _provisional(self, r: Run) -> bool:
-        """Idle straggler drag with no commit since: maybe the start of a stall another fault
-        caused, so open to that fault's claim."""
-        if r.cause != "straggler_drag" or not r.idle:
-            return False
-        inc = self.incidents.get(r.incident)
-        return (inc is None or inc.kind == "straggler") and (
-            self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
-
-    def _unsure(self, r: Run) -> bool:
-        return r.cause == "recovery" and r.eviction_id in self.unsure_kills
-
     def _partition(self, in_quorum: set[int]) -> tuple[np.ndarray, np.ndarray, int]:
         """(slots in the quorum, known slots out of it filling expected ones, unseen count)."""
         S = self.slots
@@ -294,9 +279,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
     def _end_recoveries(self, now: float) -> None:
         """A fault confirmed while the job recovers from an eviction ends that recovery at its
-        detection: the slow time after is the new fault's. One that clears unevicted, the job
-        still below pace, gives the recovery back (reopened if that closed it), else the rest
-        of the slow time would be nobody's."""
+        detection; one that clears unevicted, the job below pace, gives the recovery back."""
         incs = self.incidents
         at_pace = self.job.ratio is not None and self.job.ratio >= self.cfg.pace_threshold
         cleared = {i.id for i in incs.open() if i.resolved_at == now and i.evicted_at is None}
@@ -318,10 +301,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
     def _account_down(self, view: ClusterView, dt: float, now: float,
                       acct: SweepAccount) -> None:
         """No rank running. Within ``RELAUNCH_S`` of an unrejoined kill the job did not go on
-        without, the kill took the job down: a group's capacity is lost on its own incident,
-        else the kill's (a slot never seen: on none; a group never in the quorum with nothing
-        found: startup). Otherwise the job ended (it went on, or a rank of another incarnation
-        says it stopped): the time is unobserved."""
+        without, capacity is lost (on the group's own incident, else the kill's); otherwise the
+        job ended: the time is unobserved."""
         killed = [i for i in self.incidents.open() if i.evicted_at is not None
                   and i.evicted_at < now and i.rejoined_at is None]
         inc = max(killed, key=attrgetter("evicted_at"), default=None)
@@ -393,86 +374,3 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                   acct: SweepAccount) -> None:
         self.slots.add_good(slots, good, dt)
         acct.goodput = sum(good.tolist(), acct.goodput)
-
-    def _run(self, t0: float, t1: float, slots: np.ndarray, seconds: list[float], cause: str,
-             **kw: Any) -> Run:
-        """Badput of ``slots``, with their groups and world sizes."""
-        S = self.slots
-        return Run(t0, t1, slots, list(map(S.gids.__getitem__, slots.tolist())), seconds,
-                   [n or None for n in S.gpus[slots].tolist()], cause, **kw)
-
-    def _book(self, r: Run, inc: Incident | None, acct: SweepAccount) -> None:
-        """Counted now unless its cause may still change (then once settled)."""
-        _link(r, inc)
-        self.runs.append(r)
-        if r.cause != PENDING and not (r.cause == "straggler_drag" and r.idle) \
-                and not self._unsure(r):
-            acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
-            r.counted = True
-
-    def _settle(self, now: float, acct: SweepAccount) -> None:
-        """Badput nothing can change any more becomes final: tied to an incident, startup or
-        unseen at once, the rest after the horizon (pending as unattributed), in time order."""
-        cutoff = now - self.job.horizon
-        keep: list[Run] = []
-        blocked = np.zeros(len(self.slots), bool)  # an earlier run of the slot is open
-        for r in self.runs:
-            sure = r.cause != PENDING and not self._provisional(r) and not self._unsure(r) and (
-                r.incident is not None or r.cause == "startup" or r.groups[0] is None)
-            if not (sure or r.t1 <= cutoff):
-                blocked[r.slots] = True
-                keep.append(r)
-                continue
-            if sure and not r.counted:  # its cause is final: counted now, settled in order
-                acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
-                r.counted = True
-            held = blocked[r.slots]
-            if held.any():
-                if held.all():
-                    keep.append(r)
-                    continue
-                keep.append(r.part(held))
-                r = r.part(~held)
-            if r.cause == PENDING:
-                r.cause = "unattributed"
-            if not r.counted:
-                acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
-                r.counted = True
-            self._settle_run(r)
-        self.runs = keep
-        # an interval that neither this sweep nor an open run continues is over
-        continued = defaultdict(partial(np.zeros, len(self.slots), bool))  # start -> slots
-        for r in keep:
-            continued[round(r.t0, 6)][r.slots] = True
-        for key, iv in list(self.open_intervals.items()):
-            if iv.end < now - 1e-6:
-                at = continued.get(round(iv.end, 6))
-                if at is None or not at[0 if key == UNSEEN else self.slots.index[int(key)]]:
-                    self._close_interval(self.open_intervals.pop(key))
-
-    def _settle_run(self, r: Run) -> None:
-        self.slots.add_bad(r.slots, r.cause, r.seconds, r.gpus)
-        inc = self.incidents.get(r.incident)
-        if inc is not None:
-            inc.charge(r)
-            self.incidents.dirty.add(inc.id)
-        for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True):
-            key = key_of(g)
-            cur = self.open_intervals.get(key)
-            if cur is None or not cur.extend(r, x, m):
-                if cur is not None:
-                    self._close_interval(cur)
-                self.open_intervals[key] = Interval.of(r, g, x, m)
-
-    def _close_interval(self, iv: Interval) -> None:
-        self.intervals.append(iv)
-        self._closed_intervals.append(iv)
-
-
-def _link(r: Run, inc: Incident | None) -> None:
-    if inc is None:
-        return
-    r.incident = inc.id
-    r.finding_id = inc.finding_ids[0] if inc.finding_ids else None
-    r.eviction_id = inc.eviction_id if inc.evicted_at is not None \
-        and inc.evicted_at < r.t1 else None
