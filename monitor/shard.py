@@ -1,10 +1,8 @@
 """Several monitors, one job: each shard polls its replica groups and proposes evictions in etcd;
-one :class:`Leader` applies the global rails and kills (docs/scaling.md, "The etcd protocol").
-"""
+one :class:`Leader` applies the global rails and kills (docs/scaling.md, "The etcd protocol")."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import time
@@ -14,11 +12,11 @@ from typing import Any
 
 from http_serving import redact_url
 
-from .act.enforcer import out_of_sight
 from .act.trouble import Trouble
 from .config import ShardConfig
-from .lease import KV, Etcd, EtcdError, SessionLease, created_never, leased_by, modified_at
-from .shard_leader import Leader, _audit, _by_rid, _is_proposal
+from .lease import Etcd, EtcdError, SessionLease, created_never, leased_by
+from .shard_leader import Leader, _by_rid
+from .shard_proposals import Proposals
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +38,9 @@ def expected_in_slice(expected_groups: int | None, shard: Any) -> int | None:
     return sum(shard_of(g, shard.shards) == shard.index for g in range(expected_groups))
 
 
-def _acted_on(record: KV | None) -> bool:
-    """Whether a leader sent, or is sending, a kill on the record: a ``failed`` one is retried
-    only while its proposal stands."""
-    if record is None:
-        return False
-    rec = record.json()
-    return not isinstance(rec, dict) or rec.get("state") != "failed"
-
-
-def _summary(f: Any) -> dict[str, Any]:
-    ev = f.evidence or {}
-    return {"kind": f.kind, "first_seen": f.first_seen, "confirmed_at": f.confirmed_at,
-            "culprit_ranks": ev.get("culprit_ranks", f.ranks),
-            "culprit_hosts": ev.get("culprit_hosts", []),
-            "detail": str(ev.get("detail") or ev.get("reason") or "")[:500]}
-
-
-class Shards:
-    """The shard side of one monitor (target filter, report, proposals; on the sweep loop's
-    thread), and its :class:`Leader` candidate with ``--lead``."""
+class Shards(Proposals):
+    """A monitor's shard: its slice, report, hold and proposals (on the sweep loop's thread), and
+    its :class:`Leader` candidate with ``--lead``."""
 
     def __init__(self, cfg: ShardConfig, monitor: Any) -> None:
         self.cfg = cfg
@@ -228,16 +209,14 @@ class Shards:
         if self.etcd.get(self.root + "leader") is not None:
             self._leader_at = now
         elif now - self._leader_at > 3 * self.cfg.lease_ttl_s:
-            return (f"no leader under {self.root} for {now - self._leader_at:.0f} s: nothing "
-                    "acts on its proposals (the leader's --etcd-prefix and --job must be its "
-                    "own)")
+            return (f"no leader under {self.root} for {now - self._leader_at:.0f} s: nothing acts "
+                    "on its proposals (the leader's --etcd-prefix and --job must be its own)")
         return None
 
     def acting(self) -> bool:
         """Whether this run may act for its slice (abort, tell orphans to exit, fetch bundles,
-        propose): it holds the slice's key and its lease cannot have lapsed. Not known yet (etcd
-        never answered) or lapsed (etcd unreachable past the TTL, so another monitor may hold the
-        slice now): it acts on nothing until etcd answers again."""
+        propose): it holds the slice's key and its lease cannot have lapsed (another monitor may
+        hold the slice then). Not known yet or lapsed: it acts on nothing until etcd answers."""
         if not self.holds:
             return False
         if time.monotonic() < self._holds_until:
@@ -251,8 +230,7 @@ class Shards:
         return False
 
     def _back_off(self, e: EtcdError) -> None:
-        """A hung etcd costs each call its timeout: asked a third of the TTL later, not every
-        sweep."""
+        """A hung etcd costs each call its timeout: asked again a third of the TTL later."""
         if e.timed_out:
             now, third = time.monotonic(), self.cfg.lease_ttl_s / 3.0
             retry = now + third
@@ -315,151 +293,14 @@ class Shards:
         self.holds = False
         self.held_by = {k: other.get(k) for k in ("monitor", "run", "at")}
 
-    def _propose_findings(self, view: Any, evidence: Any, now: float,
-                          records: dict[str, KV], blind: str | None) -> set[str]:
-        """The enforcer's decisions under the shard's own rails, ``blind`` its report's, a
-        proposal for each eviction (min replicas and cooldown are the leader's); then the
-        withdrawals. Returns the replica
-        ids of the proposals kept while their group is out of sight (all, if none withdrawn)."""
-        mon = self.mon
-        wanted: set[str] = set()
-
-        def propose(f: Any) -> bool:
-            wanted.add(f.replica_id)
-            if f.replica_id in self._proposed:
-                return True
-            fid = mon.enforcer.finding_id(f.key)
-            # kept before the proposal, so before any kill the leader sends on it
-            bundle = mon.enforcer.keep_bundle(view, evidence, f.to_dict(), fid, {
-                "decision": "proposed", "reason": f.kind, "source": "auto",
-                "status": "proposing", "replica_group": f.replica_group,
-                "replica_id": f.replica_id, "at": mon.clock()})
-            if not self._renewed():
-                return False
-            did = self._propose(f.replica_group, f.replica_id, _summary(f), fid, f.to_dict(),
-                                "auto")
-            if did is not None and bundle is not None:
-                mon.store.update_decision(did, bundle=bundle["id"])
-            return True
-
-        local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
-        decided = mon.enforcer.decide(view, evidence, now, local, propose, lambda _: blind)
-        # its group out of sight, a proposal made stays while its finding is open (it resolves
-        # as left_job after --dead-sweeps): a flapping group is not proposed, with a bundle
-        # fetched, and withdrawn every other sweep, even where that makes the shard blind (a
-        # small slice); the leader holds it meanwhile
-        kept = {f.replica_id for f in mon.detectors.open_findings()
-                if f.replica_id in self._proposed and f.kind in local.evict_kinds
-                and out_of_sight(evidence, f)}
-        if not decided:  # its lease lapsed while proposing: nothing withdrawn, all held
-            return set(self._proposed)
-        self._withdraw(wanted | kept, records)
-        return kept & self._proposed
-
     def _renewed(self) -> bool:
-        """After a proposal's bundle (up to --bundle-timeout on this thread): the lease renewed,
-        so a sweep of many proposals outlasts no hold; False: it lapsed meanwhile (its keys went,
-        another run may hold the slice), propose nothing more. Raises EtcdError."""
+        """The lease renewed after a proposal's bundle (--bundle-timeout): many outlast no hold;
+        False: it lapsed (another run may hold the slice), propose no more; raises EtcdError."""
         before, asked_at = self.session.lease, time.monotonic()
         if self.session.refresh() != before:
             return False
         self._holds_until = asked_at + self.session.granted_ttl
         return True
-
-    def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
-        """Delete this shard's automatic proposals that no open finding of this run stands behind
-        (or it is blind, but for one whose group is out of sight) and no leader acted on: a
-        leader never evicts on evidence the shard no longer holds (one of an earlier run goes
-        too: the next sweep proposes anew). So does one
-        of this shard's groups made by a shard whose run does not report (of an earlier
-        --shards): the leader would hold it for ever, and this shard could propose nothing."""
-        proposals = _by_rid(self.etcd, self.root + "proposals/")
-        # one gone (withdrawn by another run that held the slice meanwhile): proposed anew
-        self._proposed &= proposals.keys()
-        runs: dict[Any, Any] | None = None  # the reporting shards' runs, read when needed
-        for rid, kv in proposals.items():
-            p = kv.json()
-            rec = records.get(rid)
-            if not _is_proposal(p) or p.get("manual") or _acted_on(rec):
-                continue  # (a leader acted on it: it stays, and costs no txn every sweep)
-            if p.get("shard") == self.cfg.index:
-                if rid in wanted and p.get("run") == self.run:
-                    continue
-            elif not self.owns(p["replica_group"]):
-                continue
-            else:
-                if runs is None:
-                    runs = {str(r.get("shard")): r.get("run") for x in
-                            self.etcd.range_prefix(self.root + "shards/")
-                            if isinstance(r := x.json(), dict)}
-                if p.get("run") is not None and runs.get(str(p.get("shard"))) == p["run"]:
-                    continue  # its shard still runs (another --shards: the leader is blind)
-            # the record as read: a leader retrying the failed kill meanwhile changed it
-            record = f"{self.root}evictions/{rid}"
-            if self.etcd.delete_if([created_never(record) if rec is None
-                                    else modified_at(record, rec.mod_revision),
-                                    modified_at(kv.key, kv.mod_revision)], kv.key):
-                self._proposed.discard(rid)
-                detail = ("no open finding stands behind the proposal, or this shard is blind"
-                          if p.get("run") == self.run else "made by an earlier run of this "
-                          "shard: proposed anew while a finding stands behind it"
-                          if p.get("shard") == self.cfg.index else f"made by shard "
-                          f"{p.get('shard')} in a run that does not report (an earlier "
-                          "--shards?): this shard owns the group and proposes anew while a "
-                          "finding stands behind it")
-                log.warning("withdrew the proposal to evict %s: %s", rid, detail)
-                _audit(self.mon, p, rid, "withdrawn", p["kind"], detail, source="auto")
-
-    def _mirror_evictions(self, records: dict[str, KV]) -> None:
-        """Copy the leader's sent kills of this shard's groups into its audit log (``sent``,
-        ``source: leader``, with the finding proposed): the shard confirms them and charges them
-        to that finding's goodput incident as a single monitor does."""
-        mirrored: set[str] | None = None
-        for rid, kv in records.items():
-            rec = kv.json()
-            if rid in self._mirrored or not isinstance(rec, dict) \
-                    or rec.get("shard") != self.cfg.index or rec.get("state") != "sent":
-                continue
-            self._mirrored.add(rid)
-            if mirrored is None:  # this shard's copies, not the rows of its own --lead thread
-                mirrored = self.mon.store.mirrored_replica_ids()
-            if rid in mirrored:  # by an earlier run
-                continue
-            fid, finding = self._finding_of(rid)
-            _audit(self.mon, rec, rid, "evict", str(rec.get("kind")),
-                   f"sent by the leader {rec.get('leader')} (attempt {rec.get('attempt')}): "
-                   f"{rec.get('detail', '')}", "sent", finding_id=fid, finding=finding)
-
-    def _finding_of(self, replica_id: str) -> tuple[int | None, dict | None]:
-        """The finding this shard proposed ``replica_id``'s eviction on (its ``proposed`` row),
-        else its open finding of that replica id; (None, None): neither is known."""
-        row = self.mon.store.proposal_of(replica_id)
-        if row is not None and isinstance(row.get("finding"), dict):
-            return row.get("finding_id"), row["finding"]
-        for f in self.mon.detectors.open_findings():
-            if f.replica_id == replica_id:
-                return self.mon.enforcer.finding_id(f.key), f.to_dict()
-        return None, None
-
-    def _propose(self, replica_group: int, replica_id: str, summary: dict[str, Any],
-                 finding_id: int | None, finding: dict[str, Any], source: str) -> int | None:
-        """Write the proposal unless one exists for this replica id: its audit row's id, None
-        when one existed; raises EtcdError."""
-        key = f"{self.root}proposals/{replica_id}"
-        value = {"replica_group": replica_group, "replica_id": replica_id, "shard": self.cfg.index,
-                 "monitor": self.mon.url, "at": self.mon.clock(), "source": source,
-                 "manual": source == "manual", "run": self.run, **summary}
-        created, _ = self.etcd.put_if([created_never(key)], key, value)
-        self._proposed.add(replica_id)
-        if not created:
-            return None
-        self.proposals_made += 1
-        log.warning("proposed evicting replica group %s (%s): %s", replica_group, replica_id,
-                    summary["kind"])
-        return self.mon.store.add_decision(
-            replica_group=replica_group, replica_id=replica_id, decision="proposed",
-            reason=summary["kind"], detail=f"proposed to the leader as {key}",
-            finding_id=finding_id, finding=finding, source=source, at=self.mon.clock())
 
     def propose_manual(self, replica_group: int, replica_id: str | None,
                        reason: str) -> dict[str, Any]:
@@ -491,50 +332,6 @@ class Shards:
         except EtcdError as e:
             return hold("etcd_unreachable", str(e))
         return hold("busy", f"{key} kept changing while this request was made: ask again")
-
-    def _make_manual(self, replica_group: int, replica_id: str,
-                     reason: str) -> dict[str, Any] | None:
-        """The proposal standing for ``replica_id`` made manual (judged with the manual rails,
-        never withdrawn) unless a kill on it is in flight or was sent; audited either way. None:
-        the keys changed since read or the proposal is gone; raises EtcdError."""
-        key, record = f"{self.root}proposals/{replica_id}", f"{self.root}evictions/{replica_id}"
-        kv, rec = self.etcd.get(key), self.etcd.get(record)
-        if kv is None:
-            return None
-        p = kv.json()
-        p = p if isinstance(p, dict) else {}
-        row = {"replica_group": replica_group}
-        finding = {"kind": "manual", "reason": reason}
-        if _acted_on(rec):  # (a failed kill is retried, as manual, by the proposal made so)
-            sent = isinstance(r := rec.json(), dict) and r.get("state") == "sent"
-            why, detail = ("already_evicted", f"the leader already sent the kill of {replica_id}") \
-                if sent else ("kill_in_flight", f"a leader's kill of {replica_id} is in flight: "
-                              "ask again if the group stays")
-            did = _audit(self.mon, row, replica_id, "hold", why, f"{detail} (given: {reason})",
-                         source="manual", finding=finding)
-            return {"id": did, "decision": "hold", "reason": why, "detail": detail}
-        if p.get("manual") is True:
-            did = _audit(self.mon, row, replica_id, "proposed", "manual",
-                         f"already proposed by hand as {key} (given: {reason})",
-                         source="manual", finding=finding)
-            return {"id": did, "decision": "proposed", "created": False, "proposal": key,
-                    "reason": "already_proposed"}
-        value = {**p, "replica_group": replica_group, "replica_id": replica_id,
-                 "shard": self.cfg.index, "monitor": self.mon.url, "at": self.mon.clock(),
-                 "source": "manual", "manual": True, "run": self.run, "kind": "manual",
-                 "detail": reason, "auto_kind": p.get("kind")}
-        if not self.etcd.put_if([modified_at(key, kv.mod_revision),
-                                 created_never(record) if rec is None
-                                 else modified_at(record, rec.mod_revision)], key, value)[0]:
-            return None
-        log.warning("made the proposal to evict replica group %s (%s) manual: %s",
-                    replica_group, replica_id, reason)
-        did = _audit(self.mon, row, replica_id, "proposed", "manual",
-                     f"the automatic proposal {key} ({p.get('kind')}) made manual: the leader "
-                     f"judges it with the manual rails (given: {reason})", source="manual",
-                     finding=finding)
-        return {"id": did, "decision": "proposed", "created": False, "proposal": key,
-                "reason": "made_manual"}
 
     def to_json(self) -> dict[str, Any]:
         e = self.leader.election if self.leader else None

@@ -1,6 +1,5 @@
 """The monitor's durable audit log in one SQLite file (``--state``): a restarted monitor never
-evicts a ``replica_id`` again and continues the cooldown. Every write is committed (WAL).
-"""
+evicts a ``replica_id`` again and continues the cooldown. Every write is committed (WAL)."""
 
 from __future__ import annotations
 
@@ -15,9 +14,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
-
 from .locks import LockHeld, file_id, pid_lock
+from .store_goodput import GoodputTables, goodput_json_text  # noqa: F401 (imported from here)
+from .store_hosts import HostTables
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +91,14 @@ ADDED_COLUMNS = (("decisions", "bundle", "TEXT"), ("decisions", "job", "TEXT"))
 
 # a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
 JOB_GROUP = -1
-GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
 # rows kept of each audit table (the oldest dropped, never one still needed): a file that grows
 # for good fills its volume, and a kill that cannot be recorded is not sent
 AUDIT_KEPT = 20_000
 # a kill not judged yet: sent or maybe sent, no answer yet whether the replica left
 UNJUDGED = "decision='evict' AND status IN ('sending', 'sent', 'interrupted')"
 STILL_NEEDED = {"findings": "resolved_at IS NULL", "host_offences": "0", "host_decisions": "0",
-                "decisions": UNJUDGED, "host_actions": "status IN ('pending', 'retrying')"}
+                "decisions": UNJUDGED, "host_actions": "status IN ('pending', 'retrying')",
+                "goodput_incidents": "NOT closed"}
 
 
 def _group(stored: int | None) -> int | None:
@@ -113,16 +112,11 @@ def _setting(decision_id: int, fields: dict[str, Any]) -> tuple[str, tuple]:
             (*fields.values(), decision_id))
 
 
-def goodput_json_text(doc: dict[str, Any]) -> str:
-    """A goodput row's JSON text; msgspec for speed (benchmarks/bench_goodput_snapshot.py)."""
-    return msgspec.json.encode(doc).decode()
-
-
 class StateTooNew(RuntimeError):
     """The state file is of a newer format than this monitor reads."""
 
 
-class Store:
+class Store(GoodputTables, HostTables):
     """Thread-safe access to the audit log."""
 
     def __init__(self, path: str) -> None:
@@ -254,12 +248,16 @@ class Store:
             self._db.execute(*_setting(did, fields))
 
     def _add(self, table: str, sql: str, args: tuple) -> int:
-        """Insert one audit row, dropping the table's rows AUDIT_KEPT older that nothing needs."""
+        """Insert one audit row, then drop the table's rows _pruning names."""
         with self.atomic():
             rid = self._write(sql, args)
-            self._write(f"DELETE FROM {table} WHERE id <= ? AND NOT ({STILL_NEEDED[table]})",
-                        (rid - AUDIT_KEPT,))
+            self._write(*self._pruning(table, rid))
         return rid
+
+    def _pruning(self, table: str, newest: int) -> tuple[str, tuple]:
+        """The DELETE of ``table``'s rows AUDIT_KEPT older than ``newest`` that nothing needs."""
+        return (f"DELETE FROM {table} WHERE id <= ? AND NOT ({STILL_NEEDED[table]})",
+                (newest - AUDIT_KEPT,))
 
     def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -341,8 +339,7 @@ class Store:
                    ) -> list[dict[str, Any]]:
         """Rows of decisions with the fields owed them."""
         with self._lock:
-            return [{**r, **self._owed.get(r["id"], {})} for r in self._dicts(sql, args,
-                                                                               json_cols)]
+            return [{**r, **self._owed.get(r["id"], {})} for r in self._dicts(sql, args, json_cols)]
 
     def evicted_replica_ids(self) -> set[str]:
         """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
@@ -416,8 +413,7 @@ class Store:
                      json.dumps(row.get("summary") or {}, default=str)))
 
     def bundles(self, limit: int = 500, bundle_id: str | None = None) -> list[dict[str, Any]]:
-        """Bundles newest written first (not by ``at``: a restart's clock may be behind), or
-        the one of ``bundle_id``."""
+        """Newest written first (not by ``at``: a restart's clock may lag), or ``bundle_id``'s."""
         if bundle_id is not None:
             return self._dicts("SELECT * FROM bundles WHERE id=?", (bundle_id,), ("summary",))
         return self._dicts("SELECT * FROM bundles ORDER BY rowid DESC LIMIT ?",
@@ -440,121 +436,3 @@ class Store:
                 log.warning("cannot keep the monitor's id in %s: %s", self.path, e)
         return new
 
-    # --- goodput ledger (monitor.goodput) ----------------------------------------------------
-    def save_goodput(self, state: dict[str, Any], incidents: list[dict[str, Any]],
-                     intervals: list[dict[str, Any]], at: float | None = None) -> None:
-        """The ledger's state, its changed incidents and its newly settled intervals, in one
-        transaction (a crash keeps the previous sweep's consistent state)."""
-        now = time.time() if at is None else at
-        with self._lock:
-            self._kept()
-            with self._db:
-                self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
-                                 "VALUES (1, ?, ?)", (now, goodput_json_text(state)))
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
-                    "VALUES (?,?,?,?)",
-                    [(i["id"], now, 1 if i.get("closed_at") is not None else 0,
-                      goodput_json_text(i)) for i in incidents])
-                if incidents:
-                    self._db.execute("DELETE FROM goodput_incidents WHERE id <= ? AND closed",
-                                     (max(i["id"] for i in incidents) - AUDIT_KEPT,))
-                if intervals:
-                    self._db.executemany(
-                        "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
-                        "incident, data) VALUES (?,?,?,?,?,?)",
-                        [(iv["start"], iv["end"], iv.get("replica_group"), iv["cause"],
-                          iv.get("incident"), goodput_json_text(iv)) for iv in intervals])
-                    self._db.execute(
-                        "DELETE FROM goodput_intervals WHERE id <= "
-                        "(SELECT MAX(id) FROM goodput_intervals) - ?", (GOODPUT_INTERVALS_KEPT,))
-
-    def load_goodput(self, incidents: int = 200, intervals: int = 2000
-                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
-        """(state or None, every open incident plus the newest ``incidents`` closed ones, the
-        newest ``intervals`` settled intervals oldest first)."""
-        with self._lock:
-            row = self._db.execute("SELECT data FROM goodput_state WHERE id=1").fetchone()
-            incs = self._db.execute(
-                "SELECT data FROM goodput_incidents WHERE closed=0 UNION ALL "
-                "SELECT data FROM (SELECT data FROM goodput_incidents WHERE closed=1 "
-                "ORDER BY id DESC LIMIT ?)", (incidents,)).fetchall()
-            ivs = self._db.execute("SELECT data FROM goodput_intervals ORDER BY id DESC LIMIT ?",
-                                   (intervals,)).fetchall()
-        return (json.loads(row[0]) if row else None,
-                sorted((json.loads(r[0]) for r in incs), key=lambda i: i["id"]),
-                [json.loads(r[0]) for r in reversed(ivs)])
-
-    def last_goodput_incident(self) -> int:
-        return self._rows("SELECT MAX(id) FROM goodput_incidents")[0][0] or 0
-
-    # --- host ledger (monitor.act.hosts) ------------------------------------------------------
-    def save_host(self, host: str, data: dict[str, Any], at: float) -> None:
-        self._write("INSERT OR REPLACE INTO hosts (host, data, updated_at) VALUES (?,?,?)",
-                    (host, json.dumps(data, default=str), at))
-
-    def delete_host(self, host: str) -> None:
-        self._write("DELETE FROM hosts WHERE host=?", (host,))
-
-    def load_hosts(self) -> dict[str, dict[str, Any]]:
-        return {r[0]: json.loads(r[1]) for r in self._rows("SELECT host, data FROM hosts")}
-
-    def add_host_offence(self, host: str, at: float, kind: str, finding_id: int | None,
-                         data: dict[str, Any]) -> int:
-        return self._add("host_offences",
-            "INSERT INTO host_offences (host, at, kind, finding_id, data) VALUES (?,?,?,?,?)",
-            (host, at, kind, finding_id, json.dumps(data, default=str)))
-
-    def host_offences(self, host: str, since: float = float("-inf"),
-                      limit: int = 1000) -> list[dict[str, Any]]:
-        """A host's offences since a time, newest first."""
-        return self._dicts("SELECT * FROM host_offences WHERE host=? AND at>=? "
-                           "ORDER BY id DESC LIMIT ?", (host, since, limit), ("data",))
-
-    def add_host_decision(self, *, host: str, decision: str, reason: str, detail: str,
-                          evidence: Any, at: float, source: str = "auto") -> int:
-        return self._add("host_decisions",
-            "INSERT INTO host_decisions (at, host, decision, reason, detail, evidence, "
-            "source) VALUES (?,?,?,?,?,?,?)",
-            (at, host, decision, reason, detail, json.dumps(evidence, default=str), source))
-
-    def host_decisions(self, limit: int = 500) -> list[dict[str, Any]]:
-        return self._dicts("SELECT * FROM host_decisions ORDER BY id DESC LIMIT ?", (limit,),
-                           ("evidence",))
-
-    def add_host_action(self, *, host: str, sink: str, op: str, status: str, event: dict,
-                        at: float, next_at: float | None, detail: str = "") -> int:
-        return self._add("host_actions",
-            "INSERT INTO host_actions (host, sink, op, status, attempts, next_at, "
-            "created_at, updated_at, detail, event) VALUES (?,?,?,?,0,?,?,?,?,?)",
-            (host, sink, op, status, next_at, at, at, detail, json.dumps(event, default=str)))
-
-    def update_host_action(self, action_id: int, *, status: str, attempts: int,
-                           next_at: float | None, detail: str, at: float) -> None:
-        self._write("UPDATE host_actions SET status=?, attempts=?, next_at=?, detail=?, "
-                    "updated_at=? WHERE id=?", (status, attempts, next_at, detail, at, action_id))
-
-    def rename_sink(self, old: str, new: str) -> None:
-        self._write("UPDATE host_actions SET sink=? WHERE sink=?", (new, old))
-
-    def newest_host_actions(self) -> list[dict[str, Any]]:
-        """Each host and sink's newest action: where that sink stands."""
-        return self._dicts("SELECT * FROM host_actions WHERE id IN (SELECT MAX(id) FROM "
-                           "host_actions GROUP BY host, sink)", (), ("event",))
-
-    def host_action_before(self, host: str, sink: str, before: int) -> dict[str, Any] | None:
-        """The host and sink's newest action older than id ``before`` that was carried out or
-        tried: not superseded, or superseded after an attempt (the sink may hold what it did)."""
-        rows = self._dicts("SELECT * FROM host_actions WHERE host=? AND sink=? AND id<? AND "
-                           "(status!='superseded' OR attempts>0) ORDER BY id DESC LIMIT 1",
-                           (host, sink, before), ("event",))
-        return rows[0] if rows else None
-
-    def host_actions(self, due_at: float | None = None, limit: int = 500
-                     ) -> list[dict[str, Any]]:
-        """Actions newest first; with ``due_at``, only pending ones due by then, oldest first."""
-        if due_at is None:
-            return self._dicts("SELECT * FROM host_actions ORDER BY id DESC LIMIT ?", (limit,),
-                               ("event",))
-        return self._dicts("SELECT * FROM host_actions WHERE status IN ('pending', 'retrying') "
-                           "AND next_at<=? ORDER BY id ASC LIMIT ?", (due_at, limit), ("event",))

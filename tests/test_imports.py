@@ -177,7 +177,8 @@ def test_the_rules_catch_a_violation(source, module, expected):
 # checks, sharding (its etcd leases) and the CLI wire them all. A subpackage names its modules;
 # each top-level module is named itself: a new one has no stage until it is given one.
 MONITOR_STAGES: list[tuple[str, ...]] = [
-    ("monitor.config", "monitor.locks", "monitor.store", "monitor.analysis"),
+    ("monitor.config", "monitor.locks", "monitor.store", "monitor.store_goodput",
+     "monitor.store_hosts", "monitor.analysis"),
     ("monitor.poll",),
     ("monitor.evidence",),
     ("monitor.detect",),
@@ -185,7 +186,8 @@ MONITOR_STAGES: list[tuple[str, ...]] = [
     ("monitor.goodput",),
     ("monitor.api",),
     ("monitor", "monitor.schedule", "monitor.polling", "monitor.startup", "monitor.lease",
-     "monitor.shard_leader", "monitor.shard", "monitor.service", "monitor.cli"),
+     "monitor.shard_leader", "monitor.shard_proposals", "monitor.shard", "monitor.service",
+     "monitor.cli"),
 ]
 
 
