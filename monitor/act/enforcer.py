@@ -1,9 +1,5 @@
-"""From confirmed findings to decisions and actions: the audit log, the host ledger, the rails.
-
-Each sweep's new findings are recorded, counted by the host ledger and decided under the rails;
-kills are sent and later confirmed. A host ledger failure is logged and shown (``hosts_trouble``);
-a failed decision or kill raises into the sweep, which logs it and goes on.
-"""
+"""From confirmed findings to decisions and kills (audit log, rails, bundles; hosts: host_side.py,
+confirmation: confirm.py). A failed decision or kill raises into the sweep, which goes on."""
 
 from __future__ import annotations
 
@@ -22,11 +18,13 @@ from ..evidence.lighthouse_settings import LighthouseSettingsWatch
 from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
 from ..store import Store
-from .actions import NOT_IN_QUORUM, Lighthouse, Orphans, RankCalls
+from .actions import Lighthouse, Orphans, RankCalls
 from .bundles import CONFIRM_KINDS, Bundles
+from .confirm import Confirmations
 from .decisions import Decision, Situation, blind_reason, decide
 from .host_rails import drained_groups
-from .hosts import DeadGroups, HostLedger, protected_hosts
+from .host_side import HostSide
+from .hosts import DeadGroups, HostLedger
 from .survivors import Survivors
 from .trouble import Trouble
 
@@ -41,14 +39,6 @@ def in_quorum_by_replica_id(evidence: ClusterView) -> dict[str | None, set[int]]
     return out
 
 
-def reporting(view: ClusterView, replica_id: str | None) -> list:
-    """The reachable ranks reporting ``replica_id``, in the targets' order (rank hint, URL)."""
-    found = [r for gv in view.groups.values() if replica_id in gv.reported_replica_ids
-             for r in gv.reachable if r.replica_id == replica_id]
-    return sorted(found, key=lambda r: (r.target.rank if r.target is not None
-                                        and r.target.rank is not None else 1 << 62, r.url))
-
-
 def out_of_sight(evidence: ClusterView, f: Finding) -> bool:
     """No rank of the group answers this sweep, so its finding waits: a kill for a group
     nobody sees would start the cooldown and hide the death that follows. Never a dead one."""
@@ -60,9 +50,8 @@ def out_of_sight(evidence: ClusterView, f: Finding) -> bool:
 
 def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig, who: str = "the monitor",
                  gone: Collection[str] = (), heard: bool = False) -> str | None:
-    """Why nobody may be blamed now (decisions.blind_reason), by the verified ranks of ``view``
-    less the groups of the replica ids ``gone``, for the monitor and its shards. Knowing none is
-    blind (nothing shows ``who`` is not cut off) unless ``heard``: the Lighthouse's word counts."""
+    """Why nobody may be blamed now (decisions.blind_reason) by ``view``'s verified ranks less the
+    groups ``gone``; none known: blind (``who`` may be cut off) unless the Lighthouse ``heard``."""
     ev = view.evidence_view or view
     known, up, _ = ev.counts
     for gv in ev.groups.values():
@@ -73,9 +62,8 @@ def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig, who: 
     return blind_reason(blind, up / known if known > 0 else 0.0, rails, who)
 
 
-class Enforcer:
-    """Findings -> audit log, host ledger, decisions, kills. ``blind()``: why ranks cannot be
-    verified now (None: they can)."""
+class Enforcer(HostSide, Confirmations):
+    """Findings -> audit log, hosts, decisions, kills. ``blind()``: why ranks are unverified."""
 
     def __init__(self, cfg: MonitorConfig, store: Store, detectors: Detectors, hosts: HostLedger,
                  lighthouse: Lighthouse, lh_settings: LighthouseSettingsWatch, metrics: Any,
@@ -83,10 +71,9 @@ class Enforcer:
                  bundles: Bundles) -> None:
         self.cfg, self.store, self.detectors, self.hosts = cfg, store, detectors, hosts
         store.job = cfg.job  # the cooldown counts this job's kills, not another job's
-        self.bundles = bundles
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
         self._bundled_rids: set[str] = set()  # and their replica ids (a shard's proposals too)
-        self.lighthouse, self.lh_settings = lighthouse, lh_settings
+        self.bundles, self.lighthouse, self.lh_settings = bundles, lighthouse, lh_settings
         # shared by exits, aborts and probes (ProbeMesh) so each claim is said once
         self.claims = Claims()
         self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s,
@@ -97,13 +84,10 @@ class Enforcer:
         self.verdict_trouble = Trouble("probe verdict not written to the audit log (tried again "
                                        "next sweep)", "probe verdicts written again", log=log)
         self._hosts_failed = False  # host_findings failed this sweep: judge_hosts keeps it said
-        # set each sweep: another monitor holds this shard's slice, so this one sends no abort
-        # or exit and fetches no bundle; it keeps its host ledger (and sinks) so that a
-        # handover never leaves a quarantine nobody releases
-        self.standby = False
-        # another monitor holds the slice: it fetches the bundles (one whose hold merely may
-        # have lapsed still does: they are read-only, and no one else may be there to)
-        self.fetch_bundles = True
+        # set each sweep: a standby (another monitor holds the slice) sends no abort or exit but
+        # keeps its host ledger, so a handover leaves no quarantine unreleased; it fetches no
+        # bundle unless its hold merely may have lapsed (read-only, and no one else may fetch)
+        self.standby, self.fetch_bundles = False, True
         self._finding_ids: dict[tuple, int] = {}
         self._verdicts: dict[tuple, tuple] = {}  # job-wide finding -> its probe verdict written
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
@@ -113,10 +97,9 @@ class Enforcer:
         self._host_actions: threading.Thread | None = None
         self.dead = DeadGroups()
         self._vouched: dict[str, Any] = {}  # replica id -> its GroupView as last verified
-        self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
-                                              else None, cfg.kill_timeout_s, cfg.rank_auth,
-                                              self.claims),
-                                   store, metrics, cfg.job, cfg.rails.dry_run)
+        aborts = RankCalls(cfg.rank_exit_token if cfg.abort_survivors else None,
+                           cfg.kill_timeout_s, cfg.rank_auth, self.claims)
+        self.survivors = Survivors(aborts, store, metrics, cfg.job, cfg.rails.dry_run)
 
     def finding_id(self, key: tuple) -> int | None:
         """The audit log's id of an open finding."""
@@ -128,10 +111,8 @@ class Enforcer:
                 for f in self.detectors.open_findings()]
 
     def record(self, new: list[Finding], now: float) -> list[Finding]:
-        """Add the new findings to the audit log, with those a failed write (a full disk) left
-        out before; write an open job-wide finding's evidence when its probe verdict changes
-        (a restart leaves it as last written); close those the detectors resolved. The findings
-        added."""
+        """Add the new findings (and those a failed write left out) to the audit log, a job-wide
+        one's evidence again when its probe verdict changes; close the resolved. Those added."""
         new = self._unrecorded + new
         for i, f in enumerate(new):
             try:
@@ -160,8 +141,7 @@ class Enforcer:
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
             f = resolved.get(key)
-            # a job-wide finding's probe rounds came after its confirmation: why nobody (or
-            # whom) they named is kept with it
+            # a job-wide one keeps whom its probe rounds (after its confirmation) named, or none
             self.store.resolve_finding(self._finding_ids[key], f.resolved_at if f else now,
                                        f.resolution if f else "cleared",
                                        f.evidence if f and f.kind in JOB_KINDS else None)
@@ -171,71 +151,9 @@ class Enforcer:
         new, self._recorded = self._recorded, []
         return new
 
-    def host_findings(self, view: ClusterView, evidence: ClusterView, now: float,
-                      reshaped: Any) -> list[Finding]:
-        """New quarantined_host findings; those of released hosts are resolved. Never raises."""
-        self._hosts_failed = False
-        try:
-            self.hosts.observe(view, now, reshaped)
-            bad = set(self.hosts.quarantined())
-            for f in self.detectors.open_findings():
-                if f.kind == "quarantined_host" and not bad & set(f.evidence.get("hosts", {})):
-                    self.detectors.resolve(f.key, "host_released", now)
-            return [f for f in self.hosts.group_findings(evidence, now)
-                    if self.detectors.report(f)]
-        except Exception as e:
-            self._hosts_failed = True
-            self._host_ledger_failed(e, now)
-            return []
-
-    def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
-                    lighthouse: LighthouseStatus | None = None) -> None:
-        """Offences (a ``dead`` one once ``lighthouse``, the status just read, agrees:
-        DeadGroups), the quarantine policy, then due sink actions on a background thread
-        (a slow sink never delays a sweep). Never raises."""
-        try:
-            # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
-            # its Manager gone and a bare rank still up): no host's fault
-            killed = self.store.evicted_replica_ids()
-            new = [f for f in new if f.kind not in ("dead", "dead_rank")
-                   or f.replica_id not in killed]
-            counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
-                new, {f.key for f in self.detectors.open_findings()}, view, lighthouse, killed)
-            group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
-                           if f.replica_group in view.groups}
-            charged = [{**f.to_dict(), "id": self._finding_ids.get(f.key)} for f in counted]
-            # a network finding a later round widened to another host: that host charged now,
-            # by its own culprits only (the hosts named before were charged at its opening)
-            opened = {f.key for f in counted}  # charged from its culprits now, added ones too
-            for f, added in self.detectors.network_hosts_added():
-                if f.key in opened:
-                    continue
-                d = f.to_dict()
-                culprits = [c for c in d["evidence"].get("culprits") or ()
-                            if c.get("host") in added]
-                charged.append({**d, "id": self._finding_ids.get(f.key),
-                                "evidence": {**d["evidence"], "culprits": culprits}})
-            self.hosts.record(charged, now, group_hosts)
-            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()),
-                              lambda: protected_hosts(view, self.cfg.rails.min_replicas))
-            if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
-                self._start_host_actions()
-            self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
-            if not self._hosts_failed:
-                self.hosts_trouble.update(None, now)
-        except Exception as e:
-            self._host_ledger_failed(e, now)
-
-    def _host_ledger_failed(self, e: Exception, now: float) -> None:
-        # the audit log full is no bug: no traceback
-        self.hosts_trouble.update(f"{type(e).__name__}: {e}", now,
-                                  None if isinstance(e, sqlite3.OperationalError) else e,
-                                  type(e).__name__)
-
     def blindness(self, view: ClusterView) -> str | None:
-        """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
-        more than ``--min-reachable`` of them (it may be the one cut off); None: neither."""
-        # of the verified ranks: addresses anyone may register must not hold every eviction
+        """Why nobody may be blamed now: ranks unverified, or the monitor (maybe the one cut off)
+        reaches no more than ``--min-reachable`` of the verified ranks (anyone may register)."""
         return blindness_of(view, self.blind(), self.cfg.rails)
 
     def cut_off(self, view: ClusterView, lighthouse: LighthouseStatus | None) -> str | None:
@@ -253,13 +171,11 @@ class Enforcer:
                        who: str = "the monitor", heard: bool | None = None,
                        elsewhere: Callable[[], tuple[set[str], bool]] | None = None
                        ) -> str | None:
-        """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
-        because of the monitor's own kills, or ``also``: a shard's leader's), ``lighthouse``
-        heard when given (``heard``: whether knowing none is seen, if not so). ``unheard``: nor
-        of groups it reaches none of that ``lighthouse`` lists as no longer heard (gone, as both
-        agree), while they are no more than the groups it reaches (else both may be cut off
-        together) and it hears no replica id of a lost group's name (:func:`_base`) that no
-        rank known (a shard: nor ``elsewhere``, the other shards') reports."""
+        """As :meth:`blindness`, less the groups told to go (the monitor's kills, ``also``: a
+        shard's leader's); ``heard`` as blindness_of (default: ``lighthouse`` given, not
+        ``unheard``). ``unheard``: less too those it reaches none of that ``lighthouse`` no longer
+        hears, while no more than those it reaches and it hears no id of a lost group's name
+        (:func:`_base`) that no rank known (a shard: nor ``elsewhere``, the others') reports."""
         gone = self.store.told_to_go_replica_ids() | set(also)
         if unheard and lighthouse is not None:
             groups = (view.evidence_view or view).groups.values()
@@ -284,38 +200,11 @@ class Enforcer:
                             heard=lighthouse is not None and not unheard if heard is None
                             else heard)
 
-    def hosts_json(self) -> dict[str, Any]:
-        """``GET /v1/hosts``."""
-        q = self.cfg.quarantine
-        return {"hosts": self.hosts.to_json(self.clock()), "counts": self.hosts.counts(),
-                "quarantined": self.hosts.quarantined(), "dry_run": q.dry_run,
-                "actions": [s.name for s in self.hosts.sinks],
-                "policy": {"after": q.after, "window_s": q.window_s, "ttl_s": q.ttl_s,
-                           "max_quarantined": q.max_quarantined,
-                           "cap": q.cap(len(self.hosts.known_hosts()))},
-                "decisions": self.store.host_decisions(limit=50), "error": self.hosts_trouble.error}
-
-    def release_host(self, host: str, reason: str) -> dict[str, Any]:
-        """``POST /v1/hosts/{host}/release``; KeyError / ValueError as HostLedger.release."""
-        out = self.hosts.release(host, reason)
-        if self.hosts.sinks:
-            self._start_host_actions()
-        return out
-
-    def _start_host_actions(self) -> None:
-        t = self._host_actions
-        if t is not None and t.is_alive():
-            return  # one run at a time
-        self._host_actions = threading.Thread(target=self.hosts.run_actions,
-                                              name="lightkeeper-host-actions", daemon=True)
-        self._host_actions.start()
-
     def release_survivors(self, view: ClusterView, evidence: ClusterView, now: float,
                           lighthouse: LighthouseStatus | None,
                           shard: Any = None) -> list[dict]:
-        """Tell ranks blocked with a gone group to abort (monitor.act.survivors); nothing while
-        blind or on a standby. ``shard``: adds the leader's kills and what the other shards'
-        ranks report."""
+        """Tell ranks blocked with a gone group to abort (survivors.py); nothing while blind or
+        on a standby. ``shard``: adds the leader's kills and the other shards' ranks' word."""
         # forget what was said of claims and refusals gone from the view: said again on return
         self.claims.keep(view)
         self.orphans.exits.keep(view)
@@ -325,27 +214,23 @@ class Enforcer:
         evicted = self.store.evicted_replica_ids()
         if shard is not None:
             evicted = evicted | shard.sent_kills
-        # a gone group's ranks count against no reach: with two groups, half the ranks
         elsewhere = None if shard is None else shard.reported_elsewhere
-        return self.survivors.release(view, evidence, lighthouse,
-                                      self.blind_to_kills(view, lighthouse, unheard=True,
-                                                          elsewhere=elsewhere),
-                                      evicted, now, elsewhere)
+        # a gone group's ranks count against no reach: with two groups, half the ranks
+        blind = self.blind_to_kills(view, lighthouse, unheard=True, elsewhere=elsewhere)
+        return self.survivors.release(view, evidence, lighthouse, blind, evicted, now, elsewhere)
 
     def bundle_confirmed(self, view: ClusterView, evidence: ClusterView,
                          new: list[Finding]) -> None:
-        """A bundle for each new hang, mismatch or network finding that no kill bundled this
-        sweep (held by a rail, say), written on the bundles' helper thread; none on a standby
-        (the monitor holding the slice fetches them: a second fetch doubles the ranks' load)."""
+        """A bundle (on the bundles' thread) for each new hang, mismatch or network finding no kill
+        bundled this sweep; none on a standby (a second fetch doubles the ranks' load)."""
         bundled, self._bundled = self._bundled, set()
         rids, self._bundled_rids = self._bundled_rids, set()
         if not self.fetch_bundles or not self.bundles.enabled:
             return
         confirmed = [f for f in new if f.kind in CONFIRM_KINDS]
-        # an incarnation told to go (a kill sent this sweep or before, or proposed to the
-        # leader this sweep) has its evidence in the kill's bundle: fetched after, it would find
-        # the group going down and name another culprit. A kill that turned unconfirmed told
-        # nobody to go: the live group's new findings keep their bundles
+        # one told to go (a kill sent, or proposed to the leader this sweep) has its evidence in
+        # the kill's bundle: fetched after, it would find the group going down and name another
+        # culprit; an unconfirmed kill told nobody to go: the live group's findings keep theirs
         killed = self.store.told_to_go_replica_ids() | rids if confirmed else set()
         for f in confirmed:
             fid = self.finding_id(f.key)
@@ -356,9 +241,8 @@ class Enforcer:
     def keep_bundle(self, view: ClusterView | None, evidence: ClusterView | None,
                     finding: dict[str, Any] | None, finding_id: int | None,
                     decision: dict[str, Any]) -> dict | None:
-        """The bundle of an eviction about to be sent, kept before the kill (its finding then
-        gets no confirmation bundle, nor does any finding of its replica id once the kill is
-        sent). None: none kept; never raises."""
+        """The bundle of an eviction, kept before the kill (no confirmation bundle then for its
+        finding, nor its replica id's once sent). None: none kept; never raises."""
         if not self.bundles.enabled or view is None:
             return None
         bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
@@ -386,9 +270,8 @@ class Enforcer:
                   in_quorum: dict[str | None, set[int]] | None = None,
                   drained: set[int] | None = None,
                   blind: Callable[[ClusterView], str | None] | None = None) -> Situation:
-        """Reachability by ``blind`` (else :meth:`blindness`); the quorum from verified ranks,
-        less the groups sent a kill and those on a quarantined host (``drained``), which are
-        going down."""
+        """Reachability by ``blind`` (else :meth:`blindness`); the quorum from verified ranks, less
+        the groups going down: sent a kill, or on a quarantined host (``drained``)."""
         evicted = self.store.evicted_replica_ids()
         if in_quorum is None:
             in_quorum = in_quorum_by_replica_id(evidence)
@@ -403,19 +286,15 @@ class Enforcer:
                          blind_reason=(blind or self.blindness)(view))
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float,
-               rails: RailsConfig | None = None,
-               evict: Callable[[Finding], bool] | None = None,
+               rails: RailsConfig | None = None, evict: Callable[[Finding], bool] | None = None,
                blind: Callable[[ClusterView], str | None] | None = None,
                lighthouse: LighthouseStatus | None = None) -> bool:
         """Evict or hold every open finding of an evictable kind, except those out_of_sight.
-        The ``monitor_blind`` rail: reach outside the groups gone (:meth:`blind_to_kills`,
-        ``unheard``, by ``lighthouse``, the sweep's good read), so a dead group's own ranks
-        count against no eviction, its own included. A shard gives its ``rails``, ``evict``
-        (its proposal: False from it stops the loop) and ``blind`` (its report's blindness)."""
+        ``monitor_blind``: reach outside the groups gone (:meth:`blind_to_kills` ``unheard`` by
+        ``lighthouse``), so a dead group's ranks count against no eviction, its own included. A
+        shard gives ``rails``, ``evict`` (its proposal: False stops the loop) and ``blind``."""
         rails = rails or self.cfg.rails
-        if blind is None:
-            def blind(v: ClusterView) -> str | None:
-                return self.blind_to_kills(v, lighthouse, unheard=True)
+        blind = blind or (lambda v: self.blind_to_kills(v, lighthouse, unheard=True))
         in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
             if f.kind not in rails.evict_kinds or out_of_sight(evidence, f):
@@ -425,8 +304,7 @@ class Enforcer:
                     in_quorum = in_quorum_by_replica_id(evidence)
                     drained = drained_groups(evidence, self.hosts.quarantined())
                 s = self.situation(view, evidence, now, in_quorum, drained, blind)
-                s.quarantine_held = self.hosts.held_back_on(f.to_dict(),
-                                                            s.evicted_replica_ids, now)
+                s.quarantine_held = self.hosts.held_back_on(f.to_dict(), s.evicted_replica_ids, now)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, rails)
                 if d.evict and evict is not None:
                     if not evict(f):
@@ -453,17 +331,15 @@ class Enforcer:
               finding_id: int | None, finding: dict[str, Any] | None,
               source: str, view: ClusterView | None = None,
               evidence: ClusterView | None = None) -> dict[str, Any]:
-        """Record the decision; for an eviction keep the incident bundle (with ``view``), then
-        send the kill and record how it went."""
+        """Record the decision; to evict, keep the bundle (``view``), send the kill, record it."""
         # an eviction counted by what it was for, as its audit row says (straggler, manual, ...)
         reason = (finding or {}).get("kind", source) if d.evict else d.reason
         given = (finding or {}).get("reason") if source == "manual" else None
         detail = f"{d.detail} (given: {given})" if given else d.detail  # the operator's why
         did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
                                       decision=d.decision, reason=reason, detail=detail,
-                                      finding_id=finding_id, finding=finding,
-                                      status="sending" if d.evict else None, source=source,
-                                      at=self.clock())
+                                      finding_id=finding_id, finding=finding, source=source,
+                                      status="sending" if d.evict else None, at=self.clock())
         self.metrics.decisions.labels(self.cfg.job, d.decision, reason).inc()  # once recorded
         if not d.evict:
             log.info("hold replica group %s (%s): %s", replica_group, d.reason, detail)
@@ -495,95 +371,6 @@ class Enforcer:
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
         return {"id": did, "decision": "evict", "reason": reason, "sent": result.sent,
                 "detail": result.detail, "bundle": bundle["id"] if bundle else None}
-
-    def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float,
-                          lighthouse: LighthouseStatus | None = None) -> None:
-        """Confirmed once no reachable rank reports the evicted replica id and ``lighthouse``
-        (when given) no longer hears it, in a sweep that is not blind; ranks the kill missed are
-        told to exit (or named); unconfirmed after ``confirm_timeout_s``. A standby judges
-        none: its pending ones (the leader's kills copied) wait until it holds its slice."""
-        pending = self.store.pending_confirmations()
-        self.orphans.keep({d["id"] for d in pending})
-        # a pending eviction's group as verified before its kill: only those ranks get the exit
-        # token, never a stranger that registered claiming the evicted replica id
-        groups = {gv.replica_id: gv for gv in evidence.groups.values()}
-        groups.update((d["replica_id"], self._vouched[d["replica_id"]]) for d in pending
-                      if d["replica_id"] in self._vouched)
-        self._vouched = groups  # kept by a standby too: the ranks it may tell once it holds
-        if self.standby:  # the monitor holding the slice confirms them and tells their orphans
-            return
-        blind = self.blind_to_kills(view, lighthouse) if pending else None
-        for d in pending:
-            rid = d["replica_id"]
-            still = reporting(view, rid)
-            landed = None
-            if d["status"] == "interrupted":  # a previous run stopped while sending it
-                if blind:
-                    continue  # judged once the ranks can be seen: unseen is not gone
-                landed = _landed(rid, still, lighthouse) if still else None
-                if landed:  # the ranks still reporting are orphans, followed as a sent kill's
-                    d["detail"] = f"{d['detail']}; the monitor stopped while sending: {landed}"
-                    self.store.update_decision(d["id"], status="sent", detail=d["detail"])
-                elif still:  # a killed Manager exits within a second
-                    self.store.update_decision(d["id"], status="failed", detail=(
-                        f"{d['detail']}; the monitor stopped while sending and the replica "
-                        "still answers: the kill never landed"))
-                    continue
-            # a dry run (perhaps restarted to stop acting) tells no rank to exit
-            urls = {r.url for r in groups[rid].ranks} \
-                if rid in groups and not self.cfg.rails.dry_run else ()
-            # as the audit row says (a restarted monitor, a shard's copy of the leader's kill)
-            unreached = f"kill: {NOT_IN_QUORUM}" in (d["detail"] or "")
-            note = self.orphans.follow(d["id"], rid, [r for r in still if r.url in urls],
-                                       now - d["at"], view, unreached)
-            if note:
-                d["detail"] = f"{d['detail']}; {note}"
-                self.store.update_decision(d["id"], detail=d["detail"])
-            # ranks the monitor cannot reach are not gone while the Lighthouse hears the replica
-            # (a killed Manager's heartbeat turns old after the Lighthouse's timeout)
-            heard = lighthouse is not None and lighthouse.heartbeating(rid)
-            if still or heard:
-                if now - d["at"] > self.cfg.confirm_timeout_s and not landed:
-                    # not one judged landed this sweep: its orphans were told only now
-                    self._not_gone(d, still)
-                continue
-            if blind:
-                continue  # unseen by a monitor that may be the one cut off is not gone
-            lh = "" if lighthouse is None else "; the Lighthouse no longer hears it"
-            if unreached:  # out of the quorum before the kill
-                gone = "no rank reports it any more"
-            else:  # the ranks' word: they may not be in the quorum that dropped it yet
-                gone = (f"left the quorum (the survivors last said quorum_id {view.quorum_id}, "
-                        f"{view.quorum_participants()} participants)")
-            self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
-                                       detail=f"{d['detail']}; {gone}{lh}")
-            log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
-
-    def _not_gone(self, d: dict[str, Any], still: list) -> None:
-        """Still reported or heard ``confirm_timeout_s`` after the kill: ``unconfirmed``, or
-        ``failed`` for an interrupted kill (it never landed)."""
-        why = "still reporting" if still else "the Lighthouse still hears it"
-        if d["status"] == "interrupted":
-            self.store.update_decision(d["id"], status="failed", detail=(
-                f"{d['detail']}; the monitor stopped while sending and {why} after "
-                f"{self.cfg.confirm_timeout_s:g}s: the kill never landed"))
-        else:
-            self.store.update_decision(d["id"], status="unconfirmed", detail=(
-                f"{d['detail']}; {why} after {self.cfg.confirm_timeout_s:g}s"))
-
-
-def _landed(replica_id: str, still: list, lighthouse: LighthouseStatus | None) -> str | None:
-    """Why an interrupted kill landed although ``still`` report its replica id, or None: it
-    reaches only group rank 0 (the Manager), so it landed once that rank is gone and the
-    Lighthouse (when read) no longer hears the replica."""
-    if any((r.state or {}).get("group_rank") == 0 for r in still):
-        return None  # the Manager's process answers: the kill never reached it
-    if lighthouse is None:
-        return "the group's rank 0 (its Manager) no longer answers: the kill landed"
-    if lighthouse.heartbeating(replica_id):
-        return None
-    return "the group's rank 0 (its Manager) no longer answers and the Lighthouse no longer " \
-           "hears the replica: the kill landed"
 
 
 def _base(replica_id: str) -> str | None:
