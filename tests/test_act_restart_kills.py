@@ -1,4 +1,4 @@
-"""Kills whose outcome a restart or the confirmation window left open (monitor/act/enforcer.py,
+"""Kills whose outcome a restart or the confirmation window left open (monitor/act/confirm.py,
 monitor/store.py; docs/monitor.md, Eviction and safety rails).
 
 A monitor swept by hand over a real torchft Lighthouse that simulated groups join (``SimJob``,

@@ -1,5 +1,5 @@
 """A sent kill is confirmed on ranks the monitor saw gone once the Lighthouse no longer hears
-the replica, never in a sweep where it is blind (monitor/act/enforcer.py; docs/monitor.md,
+the replica, never in a sweep where it is blind (monitor/act/confirm.py; docs/monitor.md,
 Eviction and safety rails).
 
 A monitor swept by hand over a real torchft Lighthouse that simulated groups join (``SimJob``,

@@ -1,5 +1,5 @@
 """The host ledger failing in a sweep's first half (its observe, the quarantined_host findings;
-monitor/act/enforcer.py, ``host_findings``) is said as a trouble that lasts, as a failure in its
+monitor/act/host_side.py, ``host_findings``) is said as a trouble that lasts, as a failure in its
 second half (``judge_hosts``) is: once, the error in ``GET /v1/hosts`` while it lasts, once
 when it works again. In-process monitor, no ranks, the monitor's clock the test's."""
 
