@@ -279,7 +279,9 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
 
     def _end_recoveries(self, now: float) -> None:
         """A fault confirmed while the job recovers from an eviction ends that recovery at its
-        detection; one that clears unevicted, the job below pace, gives the recovery back."""
+        detection, one held since before the kill once the kill's own part is over
+        (:meth:`_held`); one that clears unevicted, the job below pace, gives the recovery
+        back."""
         incs = self.incidents
         at_pace = self.job.ratio is not None and self.job.ratio >= self.cfg.pace_threshold
         cleared = {i.id for i in incs.open() if i.resolved_at == now and i.evicted_at is None}
@@ -297,6 +299,25 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
             if later is not None:
                 inc.back_to_pace_at, inc.superseded_by = later.detected_at, later.id
                 self.incidents.dirty.add(inc.id)
+            elif (held := self._held(inc, opened, now)) is not None:
+                inc.back_to_pace_at, inc.superseded_by = self.last_at, held.id
+                self.incidents.dirty.add(inc.id)
+
+    def _held(self, inc: Incident, opened: list[Incident], now: float) -> Incident | None:
+        """A fault confirmed by ``inc``'s kill and not acted on then (its eviction held) that
+        explains the job's slowness once the kill's own part is over, by the ranks' commits:
+        the job went on without the killed group (a fault that slows commits), or committed
+        nothing for a whole window since the kill (one that may stop them)."""
+        if self.last_at is None or self.last_at <= inc.evicted_at:
+            return None
+        went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at
+        stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.job.window
+        return min((i for i in opened if i is not inc and i.resolved_at is None
+                    and i.detected_at <= inc.evicted_at
+                    and (i.evicted_at is None or i.evicted_at > inc.evicted_at)
+                    and ((went_on and i.kind in DRAG_KINDS)
+                         or (stalled and i.kind != "straggler"))),
+                   key=attrgetter("detected_at", "id"), default=None)
 
     def _account_down(self, view: ClusterView, dt: float, now: float,
                       acct: SweepAccount) -> None:

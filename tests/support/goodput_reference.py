@@ -11,7 +11,8 @@ network or job-wide slowdown's slow commits are its drag (``_explaining``, ``_cl
 ``_rejudge``), and the incidents whose findings a monitor restart closed wait a horizon for the
 same fault confirmed again (``_ingest_findings``), and an eviction with no finding (manual) of
 an incarnation with an open incident not yet evicted is that incident's (``_ingest_evictions``);
-a fault confirmed during an eviction's recovery ends it (``_end_recoveries``), and a job down
+a fault confirmed during an eviction's recovery ends it, one held since before the kill once
+the kill's own part is over (``_end_recoveries``), and a job down
 after a kill, not yet back, loses capacity on it (``_account_down``). And one of no behaviour:
 the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do.
 And: a commit the ranks date at or before the previous sweep is dated at the sweep that saw it
@@ -680,6 +681,20 @@ class GoodputLedger:
                            and i.resolved_at is None and i.detected_at > inc.evicted_at)
             if later:
                 inc.back_to_pace_at, inc.superseded_by = later[0]
+                self._dirty_incidents.add(inc.id)
+                continue
+            # one confirmed by the kill, its eviction held: once the kill's own part is over
+            if self.last_at is None or self.last_at <= inc.evicted_at:
+                continue
+            went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at
+            stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.window
+            held = sorted((i.detected_at, i.id) for i in opened if i is not inc
+                          and i.resolved_at is None and i.detected_at <= inc.evicted_at
+                          and (i.evicted_at is None or i.evicted_at > inc.evicted_at)
+                          and ((went_on and i.kind in DRAG_KINDS)
+                               or (stalled and i.kind != "straggler")))
+            if held:
+                inc.back_to_pace_at, inc.superseded_by = self.last_at, held[0][1]
                 self._dirty_incidents.add(inc.id)
 
     def _account_down(self, view: ClusterView, dt: float, now: float,
