@@ -225,8 +225,11 @@ class Incidents(dict[int, Incident]):
         return [i for i in self.values() if i.open]
 
     def unsettled(self) -> int | None:
-        """The newest open incident not settled (it freezes the baseline)."""
-        return next((i.id for i in reversed(self.open()) if i.settled_pace is None), None)
+        """The newest open incident whose fault may still set the job's pace (it freezes the
+        baseline): not acted on, or not back at pace since. One that only waits for its group
+        to return holds it no more (the group may never return: that is capacity, not pace)."""
+        return next((i.id for i in reversed(self.open()) if i.back_to_pace_at is None
+                     or (i.evicted_at is None and i.resolved_at is None)), None)
 
     def recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""

@@ -113,6 +113,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
     def _explain(self, inc: Incident) -> None:
         """A new incident claims the unsettled badput since its onset that it explains: a
         fault that slows commits (DRAG_KINDS) the slow time with commits as its drag."""
+        self.job.forget_since(inc.onset_at)  # its pace is no norm: judged again without it
         for r in self.runs:
             if r.t1 <= inc.onset_at:
                 continue

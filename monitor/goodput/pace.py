@@ -45,6 +45,8 @@ class JobPace:
         self.step: int | None = None  # the newest step of a group in the quorum
         self.history: deque = deque()  # (t, job step) over the window
         self.samples: deque = deque(maxlen=cfg.baseline_samples)
+        # when the newest samples were taken (restored or settled ones: not known, kept)
+        self.taken: deque = deque(maxlen=cfg.baseline_samples)
         self.baseline: float | None = None
         self.slow_since: float | None = None  # below pace, unexplained, since
         self.ratio: float | None = None
@@ -100,7 +102,7 @@ class JobPace:
 
     def frozen(self, now: float, incident: int | None) -> str | None:
         """Why the baseline takes no samples now (None: it does); ``incident``: the newest open
-        one not settled."""
+        one holding it (Incidents.unsettled)."""
         if incident is not None and self.baseline is not None:
             return f"incident {incident} open"
         # a young baseline (a quarter of its samples) follows a job that warms up, slow or not
@@ -118,7 +120,19 @@ class JobPace:
         if steps < 3 or span < 0.9 * self.window:
             return
         self.samples.append(span / steps)
+        self.taken.append(now)
         if len(self.samples) >= self.cfg.baseline_min_samples:
+            self.baseline = statistics.median(self.samples)
+
+    def forget_since(self, onset: float) -> None:
+        """A fault found: drop the samples taken since its onset (a young baseline samples a
+        slow job too: the fault's pace would become the norm), unless fewer than startup's
+        would remain."""
+        k = next((i for i, t in enumerate(reversed(self.taken)) if t <= onset), len(self.taken))
+        if k and len(self.samples) - k >= self.cfg.baseline_min_samples:
+            for _ in range(k):
+                self.samples.pop()
+                self.taken.pop()
             self.baseline = statistics.median(self.samples)
 
     def track_steady(self, now: float, waiting: list[Incident], open_findings: int
@@ -147,6 +161,7 @@ class JobPace:
         level = 1 / mean
         self.baseline = level
         self.samples.clear()
+        self.taken.clear()
         self.samples.extend([level] * self.cfg.baseline_min_samples)
         self.slow_since = None
         self.steady = None

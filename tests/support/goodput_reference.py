@@ -158,6 +158,7 @@ class GoodputLedger:
         self.job_history: deque = deque()  # (t, job step)
         self.job_rids: set[str] | None = None  # the in-quorum incarnations at job_step
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
+        self.sampled_at: deque = deque(maxlen=self.cfg.baseline_samples)  # the newest's times
         self.baseline: float | None = None
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
@@ -400,9 +401,20 @@ class GoodputLedger:
         self.next_incident += 1
         self.incidents[inc.id] = inc
         self._dirty_incidents.add(inc.id)
+        self._forget_samples_since(inc.onset_at)
         self._claim_unsettled(inc)
         self._rejudge(inc)
         return inc
+
+    def _forget_samples_since(self, onset: float) -> None:
+        """The baseline's samples taken since a fault's onset go, unless fewer than startup's
+        would remain."""
+        k = sum(1 for t in self.sampled_at if t > onset)
+        if k and len(self.baseline_samples) - k >= self.cfg.baseline_min_samples:
+            for _ in range(k):
+                self.baseline_samples.pop()
+                self.sampled_at.pop()
+            self.baseline = statistics.median(self.baseline_samples)
 
     def _rejudge(self, inc: Incident) -> None:
         """Judge again, from the incident's onset, the sweeps since then that a pace window
@@ -538,6 +550,11 @@ class GoodputLedger:
 
     def _open_incidents(self) -> list[Incident]:
         return [i for i in self.incidents.values() if i.open]
+
+    @staticmethod
+    def _holds_baseline(i: Incident) -> bool:
+        """Not acted on, or not back at pace since: its fault may still set the job's pace."""
+        return i.back_to_pace_at is None or (i.evicted_at is None and i.resolved_at is None)
 
     def _recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""
@@ -852,6 +869,7 @@ class GoodputLedger:
         level = 1 / mean
         self.baseline = level
         self.baseline_samples.clear()
+        self.sampled_at.clear()
         self.baseline_samples.extend([level] * self.cfg.baseline_min_samples)
         self.slow_since = None
         self.steady = None
@@ -884,13 +902,13 @@ class GoodputLedger:
         steps = hist[-1][1] - hist[0][1]
         if steps < 3 or span < 0.9 * self.window:
             return  # too few steps, or not a whole window yet
-        if self.baseline is not None and any(i.open and i.settled_pace is None
-                                             for i in self.incidents.values()):
+        if self.baseline is not None and any(map(self._holds_baseline, self._open_incidents())):
             return  # frozen: an incident is open (its own slowness must not become the norm)
         young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
         if not young and self.slow_since is not None and now - self.slow_since < self.horizon:
             return  # frozen: unexplained slowness, still waiting for an explanation
         self.baseline_samples.append(span / steps)
+        self.sampled_at.append(now)
         if len(self.baseline_samples) >= self.cfg.baseline_min_samples:
             self.baseline = statistics.median(self.baseline_samples)
 
@@ -1093,7 +1111,7 @@ class GoodputLedger:
 
     def baseline_frozen(self) -> str | None:
         """Why the baseline takes no samples now (None: it does)."""
-        opened = [i.id for i in self._open_incidents() if i.settled_pace is None]
+        opened = [i.id for i in self._open_incidents() if self._holds_baseline(i)]
         if opened and self.baseline is not None:
             return f"incident {opened[-1]} open"
         young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
