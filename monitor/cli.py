@@ -267,14 +267,21 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
 
 
 def warn_about_tokens(cfg: MonitorConfig) -> None:
-    """Warn at start-up when the ranks must hold the admin token to register, and when an
-    eviction of a group out of the quorum could end nothing (no token to tell its ranks)."""
+    """Warn at start-up when the ranks must hold the admin token to register, when an
+    eviction of a group out of the quorum could end nothing (no token to tell its ranks), and
+    when a node's drain or taint is held under the default ``--job``, which any other job's
+    monitor left at it shares: its release lifts this one's."""
     if warning := token_warning(cfg.register_token, cfg.token, cfg.rank_exit_token):
         log.warning(warning)
     if "stuck_starting" in cfg.rails.evict_kinds and not cfg.rank_exit_token:
         log.warning("--evict-on stuck_starting without --rank-exit-token: the Lighthouse's kill "
                     "cannot reach a group out of its quorum, so such an eviction ends nothing "
                     "(docs/monitor.md)")
+    if cfg.job == MonitorConfig.job and {"slurm", "k8s", "kubernetes"} & set(
+            cfg.quarantine.actions):
+        log.warning("--action slurm/k8s with the default --job %s: another job's monitor left "
+                    "at it shares this one's drain or taint, and its release lifts both; name "
+                    "the job (docs/quarantine.md)", cfg.job)
 
 
 def start_line(url: str, cfg: MonitorConfig) -> str:

@@ -180,18 +180,24 @@ class SlurmSink:
                                       f"{reason or '(no reason given)'}")
         raw = str(event.get("job") or "")
         job, folded = slurm_job(raw), _fold(raw)
+        # shards of one job hold their own quarantines: each lists its own entry, so one's
+        # release leaves another's drain (a slice's holder and standby share theirs)
+        shard = str((event.get("monitor") or {}).get("shard") or "").partition("/")[0]
+        keyed = f"{job}/shard{shard}" if shard else job
         jobs = _jobs(m)
         quarantine = what is not None
         if quarantine:
-            mine = job
-            jobs.add(job)
+            mine = keyed
+            jobs.add(keyed)
         else:  # another job's quarantine of the node stays, named without this job's finding
-            # an older version wrote the fold alone (``team_a`` for ``team/a``): that entry is
-            # this job's only while its own is absent (with it, the fold is job team_a's)
-            mine = job if job in jobs else folded
+            # an older version wrote the job alone, unsharded, or its fold alone (``team_a``
+            # for ``team/a``): that entry is this job's only while its own is absent (with it,
+            # the fold is job team_a's)
+            mine = next((j for j in (keyed, job) if j in jobs), folded)
             if jobs and mine not in jobs:  # released already, or never this job's drain
                 return ActionResult(True, f"node {node} drained by {','.join(sorted(jobs))}, "
-                                          f"not by job {raw}: left as it is")
+                                          f"not by job {raw}{f' shard {shard}' if shard else ''}"
+                                          ": left as it is")
             jobs.discard(mine)
             what = f"still quarantined by {','.join(sorted(jobs))}" if jobs else None
         args = ["State=UNDRAIN"] if what is None else \
