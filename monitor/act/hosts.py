@@ -289,7 +289,7 @@ class HostLedger(HostActions):
                     out.append({"host": h["host"], "decision": decision, "reason": rail[0],
                                 "detail": rail[1]})
                     continue
-                out.append(self._quarantine(h, kind, summary, evidence, now))
+                out.append(self._quarantine(h, kind, summary, evidence, offences, now))
         return out
 
     def _rail(self, host: str, blind: str | None, known: int,
@@ -348,8 +348,10 @@ class HostLedger(HostActions):
         return None
 
     def _quarantine(self, h: dict[str, Any], kind: str, summary: str, evidence: dict,
-                    now: float) -> dict[str, Any]:
-        last = (evidence["offences"] or [{}])[0]
+                    offences: list[dict[str, Any]], now: float) -> dict[str, Any]:
+        # the newest offence of the kind that quarantines: a newer one of another kind (not
+        # due) would send the admin to the wrong finding and group
+        last = next(o["data"] for o in offences if o["kind"] == kind)
         finding = {"id": last.get("finding_id"), "kind": kind,
                    "replica_group": last.get("replica_group"),
                    "replica_id": last.get("replica_id"), "ranks": last.get("ranks")}
@@ -357,8 +359,9 @@ class HostLedger(HostActions):
             h.pop("hold", None)
             h.update(kind=kind, reason=summary, quarantined_at=now, job=self.job,
                      expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
-                     present_replica_ids=sorted({str(o.get("replica_id")) for o in
-                                                 evidence["offences"] if o.get("replica_id")}
+                     present_replica_ids=sorted({str(o["data"].get("replica_id"))
+                                                 for o in offences
+                                                 if o["data"].get("replica_id")}
                                                 | self._on_host(h["host"])),
                      released_at=None, release_reason=None)
             self._set_state(h, QUARANTINED, now)
@@ -385,8 +388,11 @@ class HostLedger(HostActions):
     def _release(self, h: dict[str, Any], now: float, why: str, detail: str
                  ) -> dict[str, Any]:
         with self._kept_unless_written(h), self.store.atomic():  # never without its actions
-            h.update(released_at=now, release_reason=f"{why}: {detail}")
-            self._set_state(h, RELEASED, now)
+            # a host not quarantined (a failed release cleared) only has its release sent
+            # again: one suspect again keeps its new offences counting
+            if h["state"] == QUARANTINED:
+                h.update(released_at=now, release_reason=f"{why}: {detail}")
+                self._set_state(h, RELEASED, now)
             self.store.add_host_decision(
                 host=h["host"], decision="release", reason=why, detail=detail,
                 evidence={"quarantined_at": h.get("quarantined_at"), "kind": h.get("kind")},
