@@ -216,6 +216,15 @@ class SlurmSink:
         if (mine in _jobs(DRAINED_BY.fullmatch(now or ""))) != quarantine:
             return ActionResult(False, f"node {node} changed meanwhile, its reason now: "
                                        f"{now or '(none)'}")
+        if what is None and _down_as_ours(self._show(node)):
+            # Slurm set it DOWN while drained (the host dropped off) and kept the drain's
+            # reason, and ReturnToService=1 returns only "Not responding": its own reason is
+            # unknown (a reboot would keep it DOWN), so it is said, not resumed
+            log.warning("node %s undrained but still DOWN with Lightkeeper's reason: resume it "
+                        "once healthy (docs/quarantine.md)", node)
+            res.detail += (f"; node {node} still DOWN with this reason, which Slurm's "
+                           "ReturnToService=1 never returns: once it is healthy, scontrol "
+                           f"update NodeName={node} State=RESUME")
         return res
 
     def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult | None:
@@ -303,18 +312,33 @@ def _unread(p: subprocess.CompletedProcess) -> ActionResult:
 def _held(out: str) -> tuple[str | None, str | None]:
     """How the node ``scontrol show node`` printed in ``out`` is held
     (``failed``/``drained``/``down``/None), and the reason it is held with."""
-    # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
-    # as POWERED_DOWN (a cloud node asleep) is no DOWN
-    flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
-    reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+    flags, reason = _state(out)
     # DOWN with no reason or Slurm's own "Not responding" is no one's: drained, so it
     # stays out when it answers again; an operator's reason is still theirs
-    down = any(f.rstrip("*") == "DOWN" for f in flags) and not (
+    down = "DOWN" in flags and not (
         not reason or reason.startswith("Not responding") or DRAINED_BY.fullmatch(reason))
     held = ("failed" if any(f.startswith("FAIL") for f in flags) else
             "drained" if any(f.startswith("DRAIN") for f in flags) else
             "down" if down else None)
     return held, reason if held else None
+
+
+def _down_as_ours(p: subprocess.CompletedProcess | ActionResult) -> bool:
+    """``scontrol show node`` says the node is DOWN with a Lightkeeper reason."""
+    if isinstance(p, ActionResult) or p.returncode:
+        return False
+    flags, reason = _state(p.stdout)
+    return "DOWN" in flags and bool(DRAINED_BY.fullmatch(reason))
+
+
+def _state(out: str) -> tuple[list[str], str]:
+    """The flags of the node ``scontrol show node`` printed in ``out`` (``DOWN*`` as
+    ``DOWN``) and its reason, without who set it when."""
+    # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
+    # as POWERED_DOWN (a cloud node asleep) is no DOWN
+    flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
+    reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+    return [f.rstrip("*") for f in flags], reason
 
 
 def _jobs(m: re.Match | None) -> set[str]:
