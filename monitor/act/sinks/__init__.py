@@ -7,8 +7,11 @@ Every sink has ``quarantine(event)`` and ``release(event)``, one attempt each, r
 
 from __future__ import annotations
 
+import logging
+import os
 import shlex
 import shutil
+import subprocess
 
 from http_serving import is_http_url
 from monitor.config import QuarantineConfig, shown_action
@@ -19,6 +22,8 @@ __all__ = ["ACTION_FORMS", "ActionResult", "Sink", "SinkConfigError", "build_sin
            "validate_action"]
 
 ACTION_FORMS = "k8s, slurm, exec:CMD or webhook:URL"
+
+log = logging.getLogger(__name__)
 
 
 def validate_action(spec: str) -> None:
@@ -41,7 +46,8 @@ def validate_action(spec: str) -> None:
 def build_sink(spec: str, q: QuarantineConfig | None = None) -> Sink:
     """The sink an ``--action`` names, with ``q``'s timeout, webhook secret and Kubernetes
     settings. SinkConfigError: a bad spec, a program (``scontrol``, an exec hook's) that is not
-    an executable on PATH, or for ``k8s`` no lightkube or no cluster configuration."""
+    an executable on PATH, a ``scontrol`` that cannot read Slurm's configuration, or for
+    ``k8s`` no lightkube or no cluster configuration."""
     validate_action(spec)
     q = q or QuarantineConfig()
     kind, _, arg = spec.partition(":")
@@ -55,7 +61,31 @@ def build_sink(spec: str, q: QuarantineConfig | None = None) -> Sink:
             raise SinkConfigError(f"--action {shown_action(spec)!r}: {program!r} is not an "
                                   "executable on PATH")
     if spec == "slurm":
+        _check_slurm_config(SCONTROL, q.action_timeout_s)
         return SlurmSink(timeout_s=q.action_timeout_s)
     if kind == "exec":
         return ExecSink(arg, timeout_s=q.action_timeout_s)
     return WebhookSink(arg, secret=q.webhook_secret, timeout_s=q.action_timeout_s)
+
+
+def _check_slurm_config(scontrol: str, timeout_s: float) -> None:
+    """SinkConfigError when ``scontrol`` cannot read Slurm's configuration: every drain would
+    fail so, retried for days. ``--version`` reads it and asks slurmctld nothing, so a
+    controller down now stops nothing (configless Slurm's fetch of it from the controller
+    failing included)."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # scontrol would wait 60 s for it to appear
+        raise SinkConfigError(f"--action slurm: SLURM_CONF={conf} is not a file")
+    try:
+        r = subprocess.run([scontrol, "--version"], capture_output=True, text=True,
+                           timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        log.warning("--action slurm: %s --version did not finish within %gs: Slurm's "
+                    "configuration not checked", scontrol, timeout_s)
+        return
+    except OSError as e:
+        raise SinkConfigError(f"--action slurm: cannot run {scontrol!r}: {e}") from None
+    if r.returncode != 0 and "failed to fetch remote configs" not in r.stderr:
+        said = " ".join(r.stderr.strip().splitlines()[-2:])[-300:]
+        raise SinkConfigError(f"--action slurm: scontrol cannot read Slurm's configuration "
+                              f"(set SLURM_CONF?): {said or f'exited {r.returncode}'}")
