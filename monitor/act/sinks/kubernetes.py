@@ -38,13 +38,22 @@ def taint_value(kind: str) -> str:
     return v or "quarantined"
 
 
-def taint_key(job: str) -> str:
+def taint_key(job: str, shard: str = "") -> str:
     """The job's own taint key, ``lightkeeper.io/quarantined-<job>``, so two jobs quarantine a
-    node each on its own; a name changed to fit ends in a hash of the whole name."""
-    part = taint_value(job)[:51].rstrip("_.-")
+    node each on its own; shard I's (``--shard I/N``) is ``quarantined.shard<I>-<job>``, which no
+    job's name can make. A name changed to fit ends in a hash of the whole name."""
+    tag = f".shard{shard}" if shard else ""
+    room = 51 - len(tag)  # a key's name is at most 63 characters
+    part = taint_value(job)[:room].rstrip("_.-")
     if job and part != job:
-        part = f"{part[:42]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
-    return f"{TAINT_KEY}-{part}"
+        part = f"{part[:room - 9]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
+    return f"{TAINT_KEY}{tag}-{part}"
+
+
+def _shard(event: dict[str, Any]) -> str:
+    """The sending monitor's shard index, "" unsharded: shards of one job (one ledger each)
+    hold their own taints, so one's release leaves another's (a holder and standby share)."""
+    return str((event.get("monitor") or {}).get("shard") or "").partition("/")[0]
 
 
 class KubernetesSink:
@@ -94,7 +103,8 @@ class KubernetesSink:
             if not self._job_pods(node, job):
                 return ActionResult(False, f"node {node} runs no pod of job {job or '?'}: "
                                     "claim not verified", retry=False)
-            self._patch_node(node, self._get_node(node), taint_key(job), taint_value(kind))
+            self._patch_node(node, self._get_node(node), taint_key(job, _shard(event)),
+                             taint_value(kind))
             done.append("cordoned and tainted")
             self._set_condition(node, True, _reason(kind), str(event.get("reason") or kind))
             done.append(f"condition {CONDITION}=True")
@@ -110,10 +120,14 @@ class KubernetesSink:
             node = one_node(event)  # a name with a '/' would patch another path
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
-        key = taint_key(str(event.get("job") or ""))
+        job, shard = str(event.get("job") or ""), _shard(event)
+        key = taint_key(job, shard)
         done: list[str] = []
         try:
             obj = self._get_node(node)
+            # an older version's taint for the whole job is a shard's to lift while its own is not
+            if shard and key not in (keys := _quarantine_keys(obj)) and taint_key(job) in keys:
+                key = taint_key(job)
             # the job's taint is its only mark (the cordon and the condition are every job's):
             # without it the quarantine never happened (a claim not verified: maybe another
             # team's node) or this release is done, and nothing on the node is this job's
