@@ -28,14 +28,15 @@ def _monitor(tmp_path, env) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("conf,said", [
     (None, "Could not establish a configuration source"),
     ("absent.conf", "absent.conf is not a file"),
+    ("", "SLURM_CONF= is not a file"),  # `SLURM_CONF=${SLURM_CONF}` in a unit, say
     ("bad.conf", "Unable to process configuration file")])
 def test_a_scontrol_without_slurms_configuration_stops_the_monitor(tmp_path, conf, said):
     require_binary("scontrol")
     if conf is None and os.path.exists("/etc/slurm/slurm.conf"):
         pytest.skip("this host has a Slurm configuration at the default path")
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    if conf:
-        env["SLURM_CONF"] = str(tmp_path / conf)
+    if conf is not None:
+        env["SLURM_CONF"] = conf and str(tmp_path / conf)
         (tmp_path / "bad.conf").write_text("ClusterName=lk\nNoSuchKey=1\n")
     p = _monitor(tmp_path, env)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])

@@ -74,7 +74,7 @@ def _check_slurm_config(scontrol: str, timeout_s: float) -> None:
     controller down now stops nothing (configless Slurm's fetch of it from the controller
     failing included)."""
     conf = os.environ.get("SLURM_CONF")
-    if conf and not os.path.isfile(conf):  # scontrol would wait 60 s for it to appear
+    if conf is not None and not os.path.isfile(conf):  # scontrol would wait 60 s for it
         raise SinkConfigError(f"--action slurm: SLURM_CONF={conf} is not a file")
     try:
         r = subprocess.run([scontrol, "--version"], capture_output=True, text=True,
