@@ -35,21 +35,21 @@ def test_fqdn_hosts_and_two_jobs_on_one_node(slurm, monkeypatch):
     alpha = {**EVENT, "job": "alpha", "host": "n1.cluster.local", "node": "n1.cluster.local"}
     res = sink.quarantine(alpha)
     assert res.ok, res.detail
-    assert node("n1") == ("IDLE+DRAIN",
+    assert node("n1") == ("ALLOCATED+DRAIN",
                           "lightkeeper(alpha): dead_rank finding 7 replica_group 2")
     # job beta's monitor quarantines the same node, then releases it: alpha's drain stays
     beta = {**alpha, "job": "beta", "finding": {"id": 3, "replica_group": 0}, "kind": "hang"}
     assert sink.quarantine(beta).ok
-    assert node("n1") == ("IDLE+DRAIN", "lightkeeper(alpha,beta): hang finding 3 replica_group 0")
+    assert node("n1") == ("ALLOCATED+DRAIN", "lightkeeper(alpha,beta): hang finding 3 replica_group 0")
     assert sink.release(beta).ok
     # beta's finding is no longer alpha's reason
-    assert node("n1") == ("IDLE+DRAIN", "lightkeeper(alpha): still quarantined by alpha")
+    assert node("n1") == ("ALLOCATED+DRAIN", "lightkeeper(alpha): still quarantined by alpha")
     assert sink.release(alpha).ok  # the last job's release undrains it
-    assert node("n1") == ("IDLE", "")
+    assert node("n1") == ("ALLOCATED", "")
     # a name Slurm knows neither whole nor short stays refused, nothing drained
     bad = sink.quarantine({**alpha, "node": "n9.cluster.local"})
     assert not bad.ok and not bad.retry and "unknown to Slurm" in bad.detail
-    assert [node(n)[0] for n in ("n1", "n2")] == ["IDLE", "IDLE"]
+    assert [node(n)[0] for n in ("n1", "n2")] == ["ALLOCATED", "ALLOCATED"]
 
 
 def test_k8s_two_jobs_on_one_node_release_only_their_own(kube):

@@ -28,14 +28,17 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def job(slurm, monkeypatch):
-    """Four groups of two ranks, group g on host hg; h0 and h1 on Slurm nodes n1 and n2."""
+    """Four groups of two ranks, group g on host hg; h0 and h1 on Slurm nodes n1 and n2, all
+    in the Slurm job that runs there."""
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
     sim = SimJob(4, ranks_per_group=2)
     try:
         for r in sim.sim.ranks:
             g = r.state["replica_group"]
-            r.update(host=f"h{g}", node=("n1", "n2", "x2", "x3")[g], device={"type": "cpu"})
+            # each in the Slurm job running on n1 and n2 (srun's SLURM_JOB_ID)
+            r.update(host=f"h{g}", node=("n1", "n2", "x2", "x3")[g], device={"type": "cpu"},
+                     slurm_job_id=test_hosts_sinks.SLURM_JOBS[0])
         yield sim
     finally:
         sim.stop()

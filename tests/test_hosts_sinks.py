@@ -27,8 +27,13 @@ from monitor.config import QuarantineConfig
 from tests.conftest import require_binary
 from tests.support.http_stub import HttpStub
 
+# the Slurm job the ranks run in, as the slurm sink checks a claim against: the module's
+# cluster job (the ``slurm`` fixture sets it in place, so every copy of EVENT sees it), "1"
+# for a stand-in scontrol/squeue
+SLURM_JOBS = ["1"]
 EVENT = {"event": "quarantine", "host": "h1", "node": "node-1", "devices": ["cuda:1 GPU-x"],
          "kind": "dead_rank", "reason": "1 dead_rank finding(s)", "job": "j", "at": 1.0,
+         "slurm_jobs": SLURM_JOBS,
          "finding": {"id": 7, "kind": "dead_rank", "replica_group": 2}, "action_id": 1,
          "attempt": 1}
 
@@ -256,7 +261,15 @@ case "$3" in
 esac
 ''')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    fake_squeue(d)
     return lambda: [c.strip().splitlines() for c in log.read_text().split("---") if c.strip()]
+
+
+def fake_squeue(d) -> None:
+    """A stand-in ``squeue`` in ``d``: every node runs the ranks' job."""
+    fake = d / "squeue"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' {' '.join(SLURM_JOBS)}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
 
 
 def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
@@ -629,6 +642,11 @@ SlurmdLogFile={d}/slurmd-%n.log
         _until_nodes_idle(env, deadline, "the loopback Slurm cluster did not come up")
         yield env, conf.read_text()
     finally:
+        # a job's slurmstepd outlives slurmd: cancelled, and waited for, first
+        subprocess.run(["scancel", *_jobs(env)], env=env, capture_output=True)
+        deadline = time.monotonic() + 15
+        while procs[1:] and _jobs(env) and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling the controller, with a deadline
         for p in reversed(procs):
             p.terminate()
         for p in procs:
@@ -651,8 +669,15 @@ def _nodes(env) -> dict[str, str]:
             + (" (reason)" if " Reason=" in line else "") for line in r.stdout.splitlines()}
 
 
-def _until_nodes_idle(env, deadline: float, why: str) -> None:
-    while (shown := _nodes(env)) != dict.fromkeys(SLURM_NODES, "IDLE"):
+def _jobs(env) -> dict[str, str]:
+    """The controller's jobs: id -> ``STATE NODES``."""
+    r = subprocess.run(["squeue", "-h", "-o", "%A %T %N"], env=env, capture_output=True,
+                       text=True)
+    return {w[0]: " ".join(w[1:]) for w in map(str.split, r.stdout.splitlines())}
+
+
+def _until_nodes_idle(env, deadline: float, why: str, state: str = "IDLE") -> None:
+    while (shown := _nodes(env)) != dict.fromkeys(SLURM_NODES, state):
         if time.monotonic() > deadline:
             log = Path(env["SLURM_CONF"]).parent / "ctld.log"
             pytest.fail(f"{why} within 15 s: {shown} "
@@ -663,7 +688,8 @@ def _until_nodes_idle(env, deadline: float, why: str) -> None:
 @pytest.fixture
 def slurm(slurm_cluster):
     """The module's Slurm cluster as a fresh one is: its slurm.conf as written, its nodes'
-    NodeHostname localhost, and both nodes IDLE with no reason (a drain, DOWN or FAIL an earlier test left is resumed). Its env."""
+    NodeHostname localhost, and both nodes ALLOCATED to the ranks' job (``SLURM_JOBS``) with no
+    reason (a drain, DOWN or FAIL an earlier test left is resumed). Its env."""
     env, text = slurm_cluster
     conf = Path(env["SLURM_CONF"])
     if conf.read_text() != text:
@@ -673,10 +699,22 @@ def slurm(slurm_cluster):
         subprocess.run(["scontrol", "update", f"NodeName={node}", "NodeHostname=localhost"],
                        env=env, capture_output=True)
     for node, state in _nodes(env).items():
-        if node in SLURM_NODES and state != "IDLE":  # (one still registering refuses it, and is waited for below)
+        # (one still registering refuses it, and is waited for below)
+        if node in SLURM_NODES and state not in ("IDLE", "ALLOCATED"):
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env,
                            capture_output=True)
-    _until_nodes_idle(env, time.monotonic() + 15, "the Slurm nodes were not IDLE again")
+    # the ranks' Slurm job on both nodes (a DOWN node killed the last one): a quarantine
+    # drains only a node that runs it
+    jobs = _jobs(env)
+    if jobs.get(SLURM_JOBS[0]) != "RUNNING n[1-2]":
+        subprocess.run(["scancel", *jobs], env=env, capture_output=True)
+        _until_nodes_idle(env, time.monotonic() + 15, "the Slurm nodes were not IDLE again")
+        r = subprocess.run(["sbatch", "--parsable", "-N2", "-w", "n1,n2", "-t", "15", "-D", "/",
+                            "-o", "/dev/null", "--wrap", "exec sleep 900"], env=env,
+                           capture_output=True, text=True, check=True)
+        SLURM_JOBS[:] = [r.stdout.strip().split(";")[0]]
+    _until_nodes_idle(env, time.monotonic() + 15, "the Slurm job did not run on both nodes",
+                      "ALLOCATED")
     return env
 
 
@@ -712,7 +750,7 @@ def test_slurm_sink_drains_one_node_never_a_hostlist_or_all(slurm, monkeypatch):
         assert not res.ok and not res.retry and "not one node name" in res.detail, res.detail
     shown = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %T"], capture_output=True, text=True,
                            check=True).stdout.split()
-    assert shown == ["n1", "idle", "n2", "idle"]
+    assert shown == ["n1", "allocated", "n2", "allocated"]
 
 
 def test_k8s_sink_sends_nothing_for_a_node_name_that_is_a_path(kube):

@@ -1,17 +1,21 @@
 """The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
-fixture: nodes ``n1``, ``n2``; root only): two shards of one job each hold their own entry in a
+fixture: nodes ``n1``, ``n2``; root only): a node that runs none of the ranks' Slurm jobs is
+never drained, two shards of one job each hold their own entry in a
 node's drain, a monitor left at the default ``--job`` with a per-job sink is warned, and a
 release that leaves a node DOWN with the drain's reason says so."""
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+import time
 
 from monitor.act.sinks.hooks import SlurmSink
 from monitor.cli import warn_about_tokens
 from monitor.config import MonitorConfig, QuarantineConfig
 from tests import test_hosts_sinks
+from tests.test_hosts_sinks import _jobs, _until_nodes_idle
 from tests.test_slurm_sink_jobs import node
 
 slurm, slurm_cluster = test_hosts_sinks.slurm, test_hosts_sinks.slurm_cluster
@@ -75,6 +79,13 @@ def test_a_release_leaving_the_node_down_with_the_drains_reason_says_so(slurm, m
     ev = {**EVENT, "kind": "dead"}
     assert sink.quarantine(ev).ok
     reason = node("n2")[1]
+    # the job ended first: the DOWN killing it gets slurmd to register again, which
+    # ReturnToService=2 returns at once
+    subprocess.run(["scancel", *_jobs(slurm)], check=True)
+    deadline = time.monotonic() + 15
+    while _jobs(slurm):
+        assert time.monotonic() < deadline, _jobs(slurm)
+        time.sleep(0.1)  # polling the controller, with a deadline
     # Slurm's own DOWN of a drained node, as it leaves it (its reason kept)
     subprocess.run(["scontrol", "update", "NodeName=n2", "State=DOWN", f"Reason={reason}"],
                    check=True)
@@ -87,3 +98,51 @@ def test_a_release_leaving_the_node_down_with_the_drains_reason_says_so(slurm, m
                            check=True).stdout
     assert shown.split("State=")[1].split()[0].split("+")[0] == "DOWN", shown
     assert node("n2") == (False, reason)
+
+
+def _sbatch(env: dict, node: str, *user: str) -> str:
+    r = subprocess.run([*user, "sbatch", "--parsable", "-w", node, "-t", "15", "-D", "/",
+                        "-o", "/dev/null", "--wrap", "exec sleep 900"], env=env,
+                       capture_output=True, text=True, check=True)
+    return r.stdout.strip().split(";")[0]
+
+
+def test_a_node_that_runs_no_job_of_the_ranks_is_never_drained(slurm, monkeypatch, tmp_path):
+    """The ranks' Slurm job runs on n1, user nobody's alone on n2. A rank claiming n2 (a misset
+    NODE_NAME, or another cluster's ``n2.siteb`` by its first label) or reporting no job gets
+    no drain: refused for good. Its own node n1 is drained; a squeue that cannot reach the
+    controller is retried; a release needs no job."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    subprocess.run(["scancel", *_jobs(slurm)], check=True)
+    _until_nodes_idle(slurm, time.monotonic() + 15, "the Slurm nodes were not IDLE again")
+    ours, theirs = _sbatch(slurm, "n1"), _sbatch(slurm, "n2", "runuser", "-u", "nobody", "--")
+    deadline = time.monotonic() + 15
+    while _jobs(slurm) != {ours: "RUNNING n1", theirs: "RUNNING n2"}:
+        assert time.monotonic() < deadline, _jobs(slurm)
+        time.sleep(0.1)  # polling the controller, with a deadline
+    sink = SlurmSink()
+    ev = {**EVENT, "kind": "hang", "slurm_jobs": [ours]}
+    for claim in ("n2", "n2.siteb"):
+        res = sink.quarantine({**ev, "node": claim})
+        assert (res.ok, res.retry) == (False, False), res
+        assert res.detail == f"node n2 runs no job {ours} of this job: claim not verified"
+    res = sink.quarantine({**ev, "node": "n1", "slurm_jobs": []})
+    assert (res.ok, res.retry, res.detail) == (
+        False, False, "node n1 runs no job (none reported) of this job: claim not verified")
+    assert node("n1") == node("n2") == (False, "")
+    # the controller unreachable to squeue alone: retried, nothing drained
+    (tmp_path / "squeue").write_text("#!/bin/sh\necho 'squeue: error: Socket timed out' >&2\n"
+                                     "exit 1\n")
+    (tmp_path / "squeue").chmod(0o755)
+    with monkeypatch.context() as m:
+        m.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        res = sink.quarantine({**ev, "node": "n1"})
+    assert not res.ok and res.retry and res.detail.startswith("cannot read the node's jobs: "
+                                                              "squeue -h -w n1 -o %A exited 1")
+    assert node("n1") == (False, "")
+    res = sink.quarantine({**ev, "node": "n1"})
+    assert res.ok, res.detail
+    assert node("n1") == (True, "lightkeeper(train): hang finding 7 replica_group 2")
+    res = sink.release({**ev, "event": "release", "node": "n1", "slurm_jobs": []})
+    assert res.ok and node("n1") == (False, ""), res.detail

@@ -15,7 +15,7 @@ from monitor.act.sinks.hooks import SlurmSink
 
 EVENT = {"event": "quarantine", "host": "n1", "node": "n1", "kind": "hang", "job": "jobA",
          "finding": {"id": 3, "kind": "hang", "replica_group": 1}, "action_id": 1,
-         "attempt": 1}
+         "attempt": 1, "slurm_jobs": ["1"]}
 
 FAKE = r"""#!/bin/sh
 D=$(dirname "$0")
@@ -67,6 +67,8 @@ def slurm(tmp_path, monkeypatch):
     fake = tmp_path / "scontrol"
     fake.write_text(FAKE)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "squeue").write_text("#!/bin/sh\necho 1\n")  # n1 runs the ranks' job 1
+    (tmp_path / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     s = Slurm(tmp_path)
     s.set("IDLE")

@@ -125,6 +125,9 @@ class RankIdentity:
     pid: int = field(default_factory=os.getpid)
     lighthouse: str | None = None
     local_rank: int = field(default_factory=env_local_rank)  # the rank's index on its host
+    # srun/sbatch's: the slurm sink drains only a node that runs this job
+    slurm_job_id: str | None = field(
+        default_factory=lambda: os.environ.get("SLURM_JOB_ID", "").strip() or None)
 
     @property
     def rank(self) -> int:
@@ -301,6 +304,7 @@ class RankState:
                 "rank": ident.rank,
                 "host": ident.host,
                 "node": ident.host,
+                "slurm_job_id": ident.slurm_job_id,
                 "hostname": self.hostname,
                 "device": dict(device),
                 "local_rank": ident.local_rank,

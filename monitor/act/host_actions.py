@@ -144,6 +144,7 @@ class HostActions:
         for sink in self.sinks:
             event = {"event": op, "host": h["host"], "node": h.get("node") or h["host"],
                      "devices": list(h.get("devices", [])), "kind": kind, "reason": reason,
+                     "slurm_jobs": list(h.get("slurm_jobs", [])),
                      "finding": finding, "job": h.get("job") or self.job, "at": now,
                      "expires_at": h.get("expires_at") if op == "quarantine" else None}
             aid = self.store.add_host_action(host=h["host"], sink=sink.name, op=op,

@@ -45,7 +45,9 @@ def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if not host:
             continue
         row = out.setdefault(str(host), {"node": c.get("node") or host, "devices": [],
-                                         "ranks": []})
+                                         "ranks": [], "slurm_jobs": []})
+        if c.get("slurm_job_id") and c["slurm_job_id"] not in row["slurm_jobs"]:
+            row["slurm_jobs"].append(str(c["slurm_job_id"]))
         label = device_label(c["device"]) if c.get("device") else None
         if label and label not in row["devices"]:
             row["devices"].append(label)
@@ -188,6 +190,9 @@ class HostLedger(HostActions):
                 h = self._host(host, at)
                 h["node"] = c["node"]
                 h["devices"] += [d for d in c["devices"] if d not in h["devices"] + ["cpu"]]
+                # the Slurm jobs its ranks ran in: the slurm sink drains only a node running one
+                jobs = [j for j in h.get("slurm_jobs", []) if j not in c["slurm_jobs"]]
+                h["slurm_jobs"] = (jobs + c["slurm_jobs"])[-8:]
                 up = refused_on(f, c["ranks"])
                 counts = counts and not again and not up
                 data = {"kind": f["kind"], "finding_id": f.get("id"),

@@ -50,6 +50,7 @@ def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
         scope, secs = current_wait(s)
         out.append({"rank": rank, "group_rank": s.get("group_rank"), "host": s.get("host"),
                     "node": s.get("node") or s.get("host"), "device": s.get("device"),
+                    "slurm_job_id": s.get("slurm_job_id"),
                     "local_rank": s.get("local_rank"), "pid": s.get("pid"),
                     "url": rv.url if rv else None, "reachable": bool(rv and rv.reachable),
                     "phase": s.get("phase"), "step": s.get("step"),

@@ -20,7 +20,7 @@ _NULL = type(None)
 _OPTIONAL = {"replica_id": (str, _NULL), "group_world_size": (int, _NULL), "num_participants": int,
              "commit_failures": (int, _NULL),
              "participating": bool, "host": (str, _NULL), "node": (str, _NULL),
-             "device": (dict, _NULL), "pid": (int, _NULL), "started_at": (int, float, _NULL)}
+             "slurm_job_id": (str, _NULL), "device": (dict, _NULL), "pid": (int, _NULL), "started_at": (int, float, _NULL)}
 # numbers the monitor computes with: an int past int64 raised in the goodput ledger and the
 # metrics, a time past a float's range in ``now - phase_since`` (the comparisons refuse NaN)
 _I64, _FLOAT = (INT64_MIN, INT64_MAX), (-sys.float_info.max, sys.float_info.max)
@@ -90,8 +90,8 @@ def last_known(s: dict[str, Any], down_at: float | None = None) -> dict[str, Any
     """What of a rank's state is kept once it stops answering (JSON: what a restarted monitor
     groups and judges it by), with its ``down_at`` mark (monitor.detect.liveness) when known."""
     keep = (*_REQUIRED, "job", "replica_id", "group_world_size", "num_participants",
-            "participating", "host", "node", "device", "finished", "pid", "started_at",
-            "commits")
+            "participating", "host", "node", "slurm_job_id", "device", "finished", "pid",
+            "started_at", "commits")
     out = {k: s[k] for k in keep if k in s}
     if type(down_at) is int:
         out[DOWN_AT] = down_at

@@ -37,7 +37,7 @@ _Text = Annotated[str, msgspec.Meta(max_length=TEXT_CHARS)]
 # compared whole with what the monitor knows (its --job, the Lighthouse's replica ids, a
 # signature's identity): never cut short of a name torchft or a scheduler may make
 _Ident = _Text
-IDENTITY = ("job", "replica_id", "host", "node", "hostname")
+IDENTITY = ("job", "replica_id", "host", "node", "hostname", "slurm_job_id")
 _Num = int | float
 
 
@@ -87,6 +87,7 @@ class _State(TypedDict, total=False):
     local_rank: int | None
     node: _Ident | None
     hostname: _Ident | None
+    slurm_job_id: _Ident | None
     device: _Device | None
     worker_url: _Text | None
     step: int

@@ -95,7 +95,7 @@ class VirtualRanks:
             g, gr = divmod(rank, self.group_size)
             s = rank_state(rank, g, step=STEP_MARK, step_seconds=self.step_s)
             s.update(group_rank=gr, group_world_size=self.group_size, host=f"node-{g}",
-                     node=f"node-{g}", hostname=f"node-{g}", local_rank=gr,
+                     node=f"node-{g}", hostname=f"node-{g}", slurm_job_id=None, local_rank=gr,
                      device={"type": "cuda", "index": gr,
                              "uuid": f"GPU-{g:08x}-{gr:04x}-4c3a-9d1e-5b7f2a6c8e0d"},
                      replica_id=f"replica_group_{g}:virtual", commits=STEP_MARK,

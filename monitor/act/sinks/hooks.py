@@ -32,7 +32,7 @@ MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEP
 # the URLs whose password a deployment keeps in the environment (docs/monitor.md, Trust model)
 MONITOR_URLS = ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_ETCD")
 EVENT_HEADER = "X-Lightkeeper-Event"
-SCONTROL = "scontrol"
+SCONTROL, SQUEUE = "scontrol", "squeue"
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,10 @@ class SlurmSink:
             # reason is their note) nor resumed
             return ActionResult(True, f"node {node} left {held} by someone else: "
                                       f"{reason or '(no reason given)'}")
+        if what is not None:  # a release only lifts this job's own entry: no claim to check
+            unverified = self._runs_job(node, event.get("slurm_jobs") or [])
+            if unverified is not None:
+                return unverified
         raw = str(event.get("job") or "")
         job, folded = slurm_job(raw), _fold(raw)
         # shards of one job hold their own quarantines: each lists its own entry, so one's
@@ -226,6 +230,31 @@ class SlurmSink:
                            "ReturnToService=1 never returns: once it is healthy, scontrol "
                            f"update NodeName={node} State=RESUME")
         return res
+
+    def _runs_job(self, node: str, ids: list) -> ActionResult | None:
+        """None when Slurm runs one of the ranks' jobs ``ids`` on ``node``, else the failed
+        attempt: a rank's claim (a misset NODE_NAME, a stale one, a first label naming another
+        cluster's node) must not drain another user's node. As k8s checks for a pod."""
+        ids = [str(i) for i in ids]
+        argv = [SQUEUE, "-h", "-w", node, "-o", "%A"]  # -j with one unknown id exits 1
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                               timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            return ActionResult(False, f"cannot read the node's jobs: {' '.join(argv)} did not "
+                                       f"finish within {self.timeout_s:g}s (killed)")
+        except (OSError, subprocess.SubprocessError) as e:
+            return ActionResult(False, f"cannot read the node's jobs: {e}",
+                                retry=not isinstance(e, (PermissionError, FileNotFoundError)))
+        if p.returncode:
+            err = redact_shown(p.stderr.strip() or p.stdout).strip()[-300:]
+            return ActionResult(False, f"cannot read the node's jobs: {' '.join(argv)} exited "
+                                       f"{p.returncode}: {err}",
+                                retry=not _for_good(f"{p.stdout}\n{p.stderr}"))
+        if set(ids) & set(p.stdout.split()):
+            return None
+        return ActionResult(False, f"node {node} runs no job {','.join(ids) or '(none reported)'}"
+                                   " of this job: claim not verified", retry=False)
 
     def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult | None:
         """(Slurm's name of ``node``, possibly its FQDN's first label; how it is held:
