@@ -1,6 +1,6 @@
 """The healthy baseline against faults (docs/goodput.md, "healthy baseline `b`"): a fault found
-while the baseline is young does not stay in it, and an incident whose group never returns holds
-it only until the job is back at pace.
+while the baseline is young does not stay in it, and an incident whose group never returns
+(evicted, or found dead) holds it only until the job is back at pace.
 
 The job is tests/test_goodput.py's model (steps of ``STEP`` seconds at pace 1.0), one sweep a
 second."""
@@ -12,14 +12,18 @@ import pytest
 from tests.test_goodput import STEP, healthy_ledger
 
 
-def slowdown_after(evicted: bool) -> tuple[dict, float]:
-    """60 s healthy, group 0 killed by hand (or not) and never back, 30 s at pace, then the
-    job's own pace falls to 0.8x for good (a new data phase, say): the ledger's document and
-    the unattributed replica-seconds of that last phase."""
+def slowdown_after(evicted: bool, dead: bool = False) -> tuple[dict, float]:
+    """60 s healthy, group 0 killed by hand (or found ``dead``, never evicted by default, or
+    neither) and never back, 30 s at pace, then the job's own pace falls to 0.8x for good (a
+    new data phase, say): the ledger's document and the unattributed replica-seconds of that
+    last phase."""
     job, led = healthy_ledger(seconds=60, horizon_s=10.0)
     if evicted:
         job.evict(0, at=job.t + 0.5, did=3, source="manual")
         job.evictions[-1]["status"] = "confirmed"
+    if dead:
+        job.groups[0].update({"in": False, "reach": False})
+        job.finding("dead", 0, first_seen=job.t, confirmed_at=job.t + 3, fid=5)
     job.run(led, 30)
     before = led.to_json()["job"]["badput_seconds"]["unattributed"]
     job.run(led, 120, pace=0.8)
@@ -40,6 +44,19 @@ def test_a_group_that_never_returns_does_not_freeze_the_baseline_for_good():
     assert out["baseline"]["step_seconds"] == pytest.approx(STEP / 0.8, rel=0.02)
     assert out["baseline"]["frozen"] is None and out["job"]["pending_seconds"] == 0
     assert 0 < lost == pytest.approx(lost_alone * 2 / 3, rel=0.05)
+
+
+def test_a_dead_group_never_acted_on_does_not_freeze_the_baseline_for_good():
+    """Its finding stays open (the group never returns, nothing evicts it): the group is out of
+    the quorum, its cost capacity, not the job's pace, as an evicted one's."""
+    _, lost_evicted = slowdown_after(evicted=True)
+    out, lost = slowdown_after(evicted=False, dead=True)
+    [inc] = out["incidents"]
+    assert inc["kind"] == "dead" and inc["open"] and inc["back_to_pace"] == "reached"
+    assert inc["evicted_at"] is None and inc["cost"]["by_cause"]["capacity_lost"] > 0
+    assert out["baseline"]["step_seconds"] == pytest.approx(STEP / 0.8, rel=0.02)
+    assert out["baseline"]["frozen"] is None and out["job"]["pending_seconds"] == 0
+    assert lost == pytest.approx(lost_evicted, rel=0.05)
 
 
 def straggler(warm: float) -> tuple[dict, dict, dict]:

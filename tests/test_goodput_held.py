@@ -1,7 +1,8 @@
 """A fault confirmed before another fault's kill whose own eviction is held (--cooldown, the
 rails): once the kill's own part is over by the ranks' commits, the job's lost time is the held
 fault's (its stall or drag), not that kill's recovery, and the recovery ends ``superseded``.
-The model job of tests/test_goodput.py."""
+A fault that cannot stop commits (a slowdown, a group out of the quorum) takes no stall, and
+the killed group's rejoin stays the kill's. The model job of tests/test_goodput.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 
 from monitor.api.app import create_app
 from monitor.config import MonitorConfig
+from monitor.goodput import GoodputConfig, GoodputLedger
 from monitor.service import Monitor
+from tests.support import goodput_reference as reference
 from tests.support.clock import ManualClock
-from tests.test_goodput import check_counted, check_invariant, healthy_ledger
+from tests.test_goodput import ModelJob, check_counted, check_invariant, healthy_ledger
 
 
 def _incidents(led) -> dict[int, dict]:
@@ -117,3 +120,100 @@ def test_the_overview_shows_a_superseded_recovery_as_the_demo_report_does(tmp_pa
     at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(went_on))
     assert f"hang in group 2, onset &rarr; superseded by incident 1 at {at}," in line, line
     assert "back at pace" not in line, line
+
+
+class Compared(GoodputLedger):
+    """The ledger fed each sweep to the reference model too (tests/support/goodput_reference.py,
+    which test_goodput_columns' random sweeps compare with but never send these kinds): equal
+    after each."""
+
+    def __init__(self, cfg: GoodputConfig | None = None) -> None:
+        super().__init__(cfg)
+        self.ref = reference.GoodputLedger(reference.GoodputConfig(**vars(self.cfg)))
+
+    def update(self, view, findings, evictions, now):
+        acct = super().update(view, findings, evictions, now)
+        assert vars(acct) == vars(self.ref.update(view, findings, evictions, now))
+        assert self.to_json() == self.ref.to_json()
+        return acct
+
+
+def compared_ledger(groups: int = 3, seconds: float = 60, **cfg) -> tuple[ModelJob, Compared]:
+    job, led = ModelJob(groups), Compared(GoodputConfig(**cfg))
+    job.run(led, seconds)
+    return job, led
+
+
+@pytest.mark.parametrize("kind", ["dead", "stuck_starting", "job_slow"])
+def test_a_fault_that_cannot_stop_commits_held_at_a_kill_takes_no_stall_of_it(kind):
+    """Held at a hang's kill: a group out of the quorum (its `dead` or `stuck_starting`
+    finding, never evicted by default) or a job-wide `job_slow`. The survivors of the kill stand
+    still longer than a window, then go on at pace: that is the kill's recovery, and the hang's
+    own stall before it is the hang's."""
+    job, led = compared_ledger(groups=4)
+    if kind == "job_slow":
+        job.run(led, 4, pace=0.6)
+        job.findings.append({"id": 1, "kind": kind, "replica_group": None, "replica_id": None,
+                             "ranks": [], "evidence": {}, "first_seen": job.t - 4,
+                             "confirmed_at": job.t})
+    else:
+        job.groups[0].update({"in": False, "reach": kind == "stuck_starting"})
+        job.run(led, 4)
+        job.finding(kind, 0, first_seen=job.t - 4, confirmed_at=job.t, fid=1)
+    job.run(led, 2, pace=0.6 if kind == "job_slow" else 1.0)
+    in_quorum = sum(s["in"] for s in job.groups.values())
+    h = job.t
+    job.run(led, 3, pace=0.0)
+    hang = job.finding("hang", 3, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
+    job.sweep(led, pace=0.0)
+    _confirmed_kill(job, 3, did=7, fid=2)
+    job.findings.remove(hang)
+    still = int(led.to_json()["pace"]["window_s"]) + 6
+    job.run(led, still, pace=0.0)
+    job.run(led, 20)
+    held, killed = _incidents(led)[None if kind == "job_slow" else 0], _incidents(led)[3]
+    assert held["kind"] == kind and held["open"] and "stall" not in held["cost"]["by_cause"]
+    # the hang's stall from its onset to its kill (4 sweeps), the survivors' stillness after
+    assert killed["cost"]["by_cause"]["stall"] == pytest.approx(in_quorum * 4)
+    assert killed["cost"]["by_cause"]["recovery"] == pytest.approx((in_quorum - 1) * still)
+    assert killed["back_to_pace"] in ("reached", "superseded")
+    assert killed["back_to_pace_at"] >= job.t - 20
+    check_invariant(led)
+    check_counted(job, led)
+
+
+def test_a_straggler_held_at_a_kill_leaves_the_killed_groups_rejoin_pause_to_the_kill():
+    """Group 0's straggler held keeps the job at 0.5x; a hang in group 2 is killed, the
+    survivors go on without it, then its new incarnation rejoins and the quorum waits for its
+    heal, nobody committing for longer than a window: a straggler slows commits, it does not
+    stop them, so that pause is the kill's recovery, which ends once the job goes on again."""
+    job, led = compared_ledger(groups=3)
+    on = job.t
+    job.groups[0]["struck"] = {"slow": on + 0.05}
+    job.run(led, 5, pace=0.5)
+    job.finding("straggler", 0, first_seen=on + 0.1, confirmed_at=job.t, fid=1)
+    job.run(led, 30, pace=0.5)
+    h = job.t
+    job.run(led, 2, pace=0.0)
+    hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
+    job.sweep(led, pace=0.0)
+    _confirmed_kill(job, 2, did=7, fid=2)
+    job.findings.remove(hang)
+    job.run(led, 2, pace=0.0)
+    job.run(led, 2, pace=0.5)  # on without group 2
+    before = _incidents(led)[2]["cost"]["by_cause"]["recovery"]
+    job.restart(2, "b")
+    heal = int(led.to_json()["pace"]["window_s"]) + 2
+    job.run(led, heal, pace=0.0)  # group 2 back, healing: nobody commits
+    job.sweep(led, pace=0.5)
+    went_on = job.t
+    job.run(led, 20, pace=0.5)
+    strag, killed = _incidents(led)[0], _incidents(led)[2]
+    assert "stall" not in strag["cost"]["by_cause"], strag
+    # the whole pause, on every group (and the slow part of the sweep that went on)
+    assert 3 * heal <= killed["cost"]["by_cause"]["recovery"] - before <= 3 * (heal + 1)
+    assert (killed["back_to_pace"], killed["superseded_by"]) == ("superseded", strag["id"])
+    assert killed["back_to_pace_at"] == pytest.approx(went_on)
+    assert killed["rejoined_at"] == pytest.approx(went_on - heal) and not killed["open"]
+    check_invariant(led)
+    check_counted(job, led)

@@ -18,6 +18,11 @@ from .pace import JobPace
 STRIKE_SLACK_S = 1.0
 # faults that slow the job's commits, not only stop them: their slow commits are their drag
 DRAG_KINDS = frozenset({"straggler", "network", "job_slow"})
+# found, a group out of the quorum (torchft dropped a dead one, a stuck_starting one never
+# joined): it costs capacity, never the pace of the groups that go on
+OUT_KINDS = frozenset({"dead", "stuck_starting"})
+# faults that cannot stop the job's commits once found: their stall is another fault's
+UNSTOPPING = OUT_KINDS | {"straggler", "job_slow"}
 
 
 class Incidents(dict[int, Incident]):
@@ -226,10 +231,12 @@ class Incidents(dict[int, Incident]):
 
     def unsettled(self) -> int | None:
         """The newest open incident whose fault may still set the job's pace (it freezes the
-        baseline): not acted on, or not back at pace since. One that only waits for its group
-        to return holds it no more (the group may never return: that is capacity, not pace)."""
+        baseline): not back at pace since its eviction or detection, or not acted on. One that
+        only waits for its group to return holds it no more, nor one of a group out of the
+        quorum back at pace (OUT_KINDS): the group may never return, capacity, not pace."""
         return next((i.id for i in reversed(self.open()) if i.back_to_pace_at is None
-                     or (i.evicted_at is None and i.resolved_at is None)), None)
+                     or (i.evicted_at is None and i.resolved_at is None
+                         and i.kind not in OUT_KINDS)), None)
 
     def recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""
@@ -246,11 +253,11 @@ class Incidents(dict[int, Incident]):
 
     def explaining(self, drag: bool, t: float) -> Incident | None:
         """The latest incident not acted on by ``t``, of a fault that slows commits (``drag``)
-        or of one that may stop them (anything but a straggler). Evicted or its findings
-        cleared, it explains no later slowness or stall (its group may never return; an
-        eviction the job is still recovering from is :meth:`recovering`'s)."""
+        or of one that may stop them (not UNSTOPPING). Evicted or its findings cleared, it
+        explains no later slowness or stall (its group may never return; an eviction the job
+        is still recovering from is :meth:`recovering`'s)."""
         return max((i for i in self.unacted(t)
-                    if (i.kind in DRAG_KINDS if drag else i.kind != "straggler")),
+                    if (i.kind in DRAG_KINDS if drag else i.kind not in UNSTOPPING)),
                    key=lambda i: (i.detected_at, i.id), default=None)
 
     def of_group(self, g: int | None) -> Incident | None:

@@ -14,7 +14,7 @@ import numpy as np
 from monitor.evidence.view import ClusterView
 
 from .columns import CommitReader, History, Judged, Slots
-from .incidents import DRAG_KINDS, Incidents
+from .incidents import DRAG_KINDS, UNSTOPPING, Incidents
 from .model import PENDING, GoodputConfig, Incident, Interval, Run, SweepAccount
 from .pace import JobPace, pace_of
 from .report import GoodputReport
@@ -79,7 +79,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         self.incidents.ingest_findings(view, findings, now, self.since, self.job.horizon)
         self.incidents.ingest_evictions(evictions, now, self.since)
         self._judge_kills(evictions)
-        self._end_recoveries(now)
+        self._end_recoveries(now, in_quorum)
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
                                     self.reader.quorum_rids, self.reader.rids, self.last_at)
         if self.since is None:
@@ -278,12 +278,13 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
-    def _end_recoveries(self, now: float) -> None:
+    def _end_recoveries(self, now: float, in_quorum: set[int]) -> None:
         """A fault confirmed while the job recovers from an eviction ends that recovery at its
         detection, one held since before the kill once the kill's own part is over
         (:meth:`_held`); one that clears unevicted, the job below pace, gives the recovery
-        back."""
-        incs = self.incidents
+        back, and so does the killed group's rejoin where a held slowdown ended it (the pause
+        of its heal is the kill's: a slowdown stops no commits)."""
+        incs, S = self.incidents, self.slots
         at_pace = self.job.ratio is not None and self.job.ratio >= self.cfg.pace_threshold
         cleared = {i.id for i in incs.open() if i.resolved_at == now and i.evicted_at is None}
         for inc in incs.values() if cleared and not at_pace else ():
@@ -292,8 +293,18 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
                 incs.dirty.add(inc.id)
         opened = incs.open()
         for inc in opened:
-            if inc.evicted_at is None or inc.back_to_pace_at is not None:
+            if inc.evicted_at is None:
                 continue
+            if inc.back_to_pace_at is not None:
+                by, g = incs.get(inc.superseded_by), inc.replica_group
+                if by is None or by.kind not in UNSTOPPING or by.detected_at > inc.evicted_at \
+                        or inc.rejoined_at is not None or g not in in_quorum \
+                        or S.rid[S.index[g]] == inc.replica_id:
+                    continue
+                # a held slowdown ended it and its group rejoins: the heal's pause is the kill's
+                inc.back_to_pace_at = inc.superseded_by = None
+                inc.rejoined_at = now  # as follow() sets it: _held looks for going on after it
+                incs.dirty.add(inc.id)
             later = min((i for i in opened if i is not inc and i.resolved_at is None
                          and i.detected_at > inc.evicted_at),
                         key=attrgetter("detected_at", "id"), default=None)
@@ -307,17 +318,19 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
     def _held(self, inc: Incident, opened: list[Incident], now: float) -> Incident | None:
         """A fault confirmed by ``inc``'s kill and not acted on then (its eviction held) that
         explains the job's slowness once the kill's own part is over, by the ranks' commits:
-        the job went on without the killed group (a fault that slows commits), or committed
-        nothing for a whole window since the kill (one that may stop them)."""
+        the job went on without the killed group, or since its rejoin (a fault that slows
+        commits), or committed nothing for a whole window since the kill (one that may stop
+        them)."""
         if self.last_at is None or self.last_at <= inc.evicted_at:
             return None
-        went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at
+        went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at \
+            and self.went_on_at >= (inc.rejoined_at or 0.0)
         stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.job.window
         return min((i for i in opened if i is not inc and i.resolved_at is None
                     and i.detected_at <= inc.evicted_at
                     and (i.evicted_at is None or i.evicted_at > inc.evicted_at)
                     and ((went_on and i.kind in DRAG_KINDS)
-                         or (stalled and i.kind != "straggler"))),
+                         or (stalled and i.kind not in UNSTOPPING))),
                    key=attrgetter("detected_at", "id"), default=None)
 
     def _account_down(self, view: ClusterView, dt: float, now: float,

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .columns import key_of
+from .incidents import UNSTOPPING
 from .model import PENDING, UNSEEN, Incident, Interval, Run, SweepAccount
 
 
@@ -17,11 +18,12 @@ class GoodputSettlement:
     """The settling half of :class:`monitor.goodput.ledger.GoodputLedger` (mixed into it)."""
 
     def _provisional(self, r: Run) -> bool:
-        """Idle straggler drag with no commit since: maybe a stall's start, open to its fault."""
+        """Idle drag of a fault that cannot stop commits, with no commit since: maybe a stall's
+        start, open to its fault."""
         if r.cause != "straggler_drag" or not r.idle:
             return False
         inc = self.incidents.get(r.incident)
-        return (inc is None or inc.kind == "straggler") and (
+        return (inc is None or inc.kind in UNSTOPPING) and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
 
     def _unsure(self, r: Run) -> bool:

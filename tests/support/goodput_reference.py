@@ -6,13 +6,15 @@ left alone are imported from monitor/goodput/. Not used by the monitor; do not c
 here to follow monitor/goodput/ (that is what the test checks). One later change of behaviour
 was made here too, by intent: the job's step history dated from the ranks' commit time
 (``_ingest_job_step``, ``_back_at``), and its window held to 3 steps before a baseline. And
-later ones: an incident acted on (evicted or cleared) explains no later stall or drag, a
-network or job-wide slowdown's slow commits are its drag (``_explaining``, ``_claim_unsettled``,
+later ones: an incident acted on (evicted or cleared) explains no later stall or drag, nor
+one of a fault that cannot stop commits (UNSTOPPING) a stall, a network or job-wide slowdown's
+slow commits are its drag (``_explaining``, ``_provisional``, ``_claim_unsettled``,
 ``_rejudge``), and the incidents whose findings a monitor restart closed wait a horizon for the
 same fault confirmed again (``_ingest_findings``), and an eviction with no finding (manual) of
 an incarnation with an open incident not yet evicted is that incident's (``_ingest_evictions``);
 a fault confirmed during an eviction's recovery ends it, one held since before the kill once
-the kill's own part is over (``_end_recoveries``), and a job down
+the kill's own part is over, but for the killed group's rejoin where a slowdown is held
+(``_end_recoveries``), and a job down
 after a kill, not yet back, loses capacity on it (``_account_down``). And one of no behaviour:
 the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do.
 And: a commit the ranks date at or before the previous sweep is dated at the sweep that saw it
@@ -34,7 +36,7 @@ from operator import is_not
 from typing import Any
 
 from monitor.evidence.view import ClusterView
-from monitor.goodput.incidents import DRAG_KINDS
+from monitor.goodput.incidents import DRAG_KINDS, OUT_KINDS, UNSTOPPING
 from monitor.goodput.ledger import RELAUNCH_S
 from monitor.goodput.model import (  # the data and helpers the columns did not change
     CAUSES,
@@ -222,7 +224,7 @@ class GoodputLedger:
         deltas = self._ingest_groups(view, in_quorum, now)
         self._ingest_findings(view, findings, now)
         self._ingest_evictions(evictions, now)
-        self._end_recoveries(now)
+        self._end_recoveries(now, in_quorum)
         job_moved = self._ingest_job_step(view, in_quorum, now)
         if self.since is None:
             self.since = self.last_at = now
@@ -537,7 +539,7 @@ class GoodputLedger:
         if s.cause != "straggler_drag" or not s.idle:
             return False
         inc = self.incidents.get(s.incident) if s.incident is not None else None
-        return (inc is None or inc.kind == "straggler") and (
+        return (inc is None or inc.kind in UNSTOPPING) and (
             self.last_commit_at is None or self.last_commit_at < s.t1 - 1e-9)
 
     def _link(self, s: Slice, inc: Incident | None) -> None:
@@ -553,8 +555,10 @@ class GoodputLedger:
 
     @staticmethod
     def _holds_baseline(i: Incident) -> bool:
-        """Not acted on, or not back at pace since: its fault may still set the job's pace."""
-        return i.back_to_pace_at is None or (i.evicted_at is None and i.resolved_at is None)
+        """Not back at pace since, or not acted on (but a group out of the quorum's, back at
+        pace): its fault may still set the job's pace."""
+        return i.back_to_pace_at is None or (i.evicted_at is None and i.resolved_at is None
+                                             and i.kind not in OUT_KINDS)
 
     def _recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""
@@ -567,7 +571,7 @@ class GoodputLedger:
         of anything but a straggler, or either)."""
         cands = [i for i in self._open_incidents()
                  if (straggler is None or (i.kind in DRAG_KINDS if straggler
-                                           else i.kind != "straggler"))
+                                           else i.kind not in UNSTOPPING))
                  and (i.evicted_at is None or i.evicted_at >= t) and i.resolved_at is None
                  and i.onset_at < t]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
@@ -679,10 +683,11 @@ class GoodputLedger:
         self.pace = _pace(self.job_history, self.window, b)
         self.slow_since = (self.slow_since or t0) if slow else None
 
-    def _end_recoveries(self, now: float) -> None:
+    def _end_recoveries(self, now: float, in_quorum: set[int]) -> None:
         """A fault confirmed, and still open, during an eviction's recovery ends that recovery
         at its detection; one that clears now, never evicted, the job still below pace, gives
-        it back, reopened if it closed (as monitor/goodput does)."""
+        it back, reopened if it closed, and so does the killed group's rejoin where a held
+        slowdown ended it (as monitor/goodput does)."""
         at_pace = self.pace is not None and self.pace >= self.cfg.pace_threshold
         for inc in self.incidents.values():
             by = self.incidents.get(inc.superseded_by)
@@ -692,8 +697,17 @@ class GoodputLedger:
                 self._dirty_incidents.add(inc.id)
         opened = self._open_incidents()
         for inc in opened:
-            if inc.evicted_at is None or inc.back_to_pace_at is not None:
+            if inc.evicted_at is None:
                 continue
+            if inc.back_to_pace_at is not None:
+                by, g = self.incidents.get(inc.superseded_by), inc.replica_group
+                if by is None or by.kind not in UNSTOPPING or by.detected_at > inc.evicted_at \
+                        or inc.rejoined_at is not None or g not in in_quorum \
+                        or self.groups[g].replica_id == inc.replica_id:
+                    continue
+                inc.back_to_pace_at = inc.superseded_by = None  # the heal's pause: the kill's
+                inc.rejoined_at = now
+                self._dirty_incidents.add(inc.id)
             later = sorted((i.detected_at, i.id) for i in opened if i is not inc
                            and i.resolved_at is None and i.detected_at > inc.evicted_at)
             if later:
@@ -703,13 +717,14 @@ class GoodputLedger:
             # one confirmed by the kill, its eviction held: once the kill's own part is over
             if self.last_at is None or self.last_at <= inc.evicted_at:
                 continue
-            went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at
+            went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at \
+                and self.went_on_at >= (inc.rejoined_at or 0.0)
             stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.window
             held = sorted((i.detected_at, i.id) for i in opened if i is not inc
                           and i.resolved_at is None and i.detected_at <= inc.evicted_at
                           and (i.evicted_at is None or i.evicted_at > inc.evicted_at)
                           and ((went_on and i.kind in DRAG_KINDS)
-                               or (stalled and i.kind != "straggler")))
+                               or (stalled and i.kind not in UNSTOPPING)))
             if held:
                 inc.back_to_pace_at, inc.superseded_by = self.last_at, held[0][1]
                 self._dirty_incidents.add(inc.id)
