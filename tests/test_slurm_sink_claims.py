@@ -1,7 +1,7 @@
 """The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
 fixture: nodes ``n1``, ``n2``; root only): a node that runs none of the ranks' Slurm jobs is
 never drained, two shards of one job each hold their own entry in a
-node's drain, a monitor left at the default ``--job`` with a per-job sink is warned, and a
+node's drain (the shard that quarantined, kept with the host, keys its release), a monitor left at the default ``--job`` with a per-job sink is warned, and a
 release that leaves a node DOWN with the drain's reason says so."""
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ import os
 import subprocess
 import time
 
+from monitor.act.host_actions import monitor_identity
+from monitor.act.hosts import HostLedger
 from monitor.act.sinks.hooks import SlurmSink
 from monitor.cli import warn_about_tokens
 from monitor.config import MonitorConfig, QuarantineConfig
+from monitor.store import Store
 from tests import test_hosts_sinks
-from tests.test_hosts_sinks import _jobs, _until_nodes_idle
+from tests.test_hosts import Clock, finding
+from tests.test_hosts_sinks import SLURM_JOBS, _jobs, _until_nodes_idle
 from tests.test_slurm_sink_jobs import node
 
 slurm, slurm_cluster = test_hosts_sinks.slurm, test_hosts_sinks.slurm_cluster
@@ -42,14 +46,79 @@ def test_shards_of_one_job_each_hold_their_own_drain(slurm, monkeypatch):
     assert res.ok, res.detail
     assert node("n2") == (True, "lightkeeper(train/shard1): still quarantined by train/shard1")
     again = sink.release(shard(0, "release"))  # released already: shard 1's drain is kept
-    assert again.ok and again.detail == ("node n2 drained by train/shard1, not by job train "
-                                         "shard 0: left as it is"), again.detail
+    assert again.ok and again.detail == (
+        "node n2 drained by train/shard1, not by job train shard 0: left as it is; "
+        "train/shard1, job train's under another --shard, is only that shard's release to "
+        "lift (see docs/quarantine.md)"), again.detail
     last = sink.release(shard(1, "release"))
     assert last.detail == "scontrol update NodeName=n2 State=UNDRAIN exited 0", last.detail
     assert node("n2") == (False, "")
     assert sink.quarantine(shard(None)).ok  # an older version's, or an unsharded monitor's
     assert node("n2")[1].startswith("lightkeeper(train): ")
     assert sink.release(shard(1, "release")).ok
+    assert node("n2") == (False, "")
+
+
+def test_a_release_takes_off_the_entry_of_the_shard_that_quarantined(slurm, monkeypatch,
+                                                                     tmp_path):
+    """A shard's ``--state`` kept across a ``--shards`` change (back to one unsharded monitor):
+    the release takes off the entry its quarantine listed, ``train/shard0``, whatever shard
+    the running monitor has; a release never sent before the change is keyed on it too."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    clock = Clock()
+
+    def ledger(sender_shard: str | None) -> HostLedger:
+        led = HostLedger(Store(str(tmp_path / "m.sqlite")), QuarantineConfig(), [SlurmSink()],
+                         "train", clock)
+        led.sender = monitor_identity("m", sender_shard)
+        return led
+
+    for host, sender in (("h1", None), ("h2", "1/3")):
+        f = finding("hang", host, 1)
+        f["evidence"]["culprits"][0].update(node="n2", slurm_job_id=SLURM_JOBS[0])
+        a = ledger("0/2")
+        a.record([f], clock())
+        a.decide(clock(), None, 10)
+        a.run_actions(clock())
+        assert node("n2") == (True, "lightkeeper(train/shard0): hang finding 1 replica_group 1")
+        if host == "h2":  # released, but sent only by the next run
+            a.release(host, "repaired")
+        a.store.close()
+        clock.t += 60
+        b = ledger(sender)
+        if host == "h1":
+            b.release(host, "repaired")
+        b.run_actions(clock())
+        (h,) = [h for h in b.to_json(clock()) if h["host"] == host]
+        assert (h["state"], h["last_action"]["op"], h["last_action"]["status"],
+                h["last_action"]["detail"]) == (
+            "released", "release", "done", "scontrol update NodeName=n2 State=UNDRAIN exited 0")
+        assert node("n2") == (False, "")
+        b.store.close()
+
+
+def test_a_release_finding_only_another_shards_entry_says_so(slurm, monkeypatch, caplog):
+    """The event's recorded shard keys the entry, not its sender's; an event an older version
+    queued (no ``shard``) has its sender's. A release whose own entry is gone while another
+    shard index's entry of its job holds the node says so, in its detail and the log."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    assert sink.quarantine({**shard(0), "shard": "1/2"}).ok  # a shard-1 quarantine, sent by 0
+    assert node("n2")[1].startswith("lightkeeper(train/shard1): ")
+    with caplog.at_level(logging.WARNING, logger="monitor.act.sinks.hooks"):
+        res = sink.release({**shard(1, "release"), "shard": None})  # an unsharded quarantine's
+    assert res.ok and res.detail == (
+        "node n2 drained by train/shard1, not by job train: left as it is; train/shard1, job "
+        "train's under another --shard, is only that shard's release to lift (see "
+        "docs/quarantine.md)"), res.detail
+    assert [r.getMessage() for r in caplog.records] == [
+        "node n2: job train's train/shard1, listed under another --shard, keeps it drained: "
+        "only that shard's release lifts it; if no monitor runs it, lift it by hand "
+        "(docs/quarantine.md)"]
+    assert node("n2")[0]
+    assert sink.release({**shard(0, "release"), "shard": "1/2"}).ok
     assert node("n2") == (False, "")
 
 

@@ -101,6 +101,7 @@ class HostActions:
     cfg: QuarantineConfig
     sinks: list[Sink]
     job: str
+    sender: dict[str, Any] | None
     clock: Callable[[], float]
     hosts: dict[str, dict[str, Any]]
     _lock: Any
@@ -139,13 +140,15 @@ class HostActions:
 
     def _queue(self, h: dict[str, Any], op: str, kind: str, reason: str,
                finding: dict | None, now: float) -> None:
-        # a release names the job that quarantined the host (its drain, its taint), not this
-        # run's --job; a host saved before ``job`` was kept: this run's
+        # a release names the job and shard that quarantined the host (its drain, its taint),
+        # not this run's --job and --shard; a host saved before they were kept: this run's
+        shard = h["shard"] if "shard" in h else (self.sender or {}).get("shard")
         for sink in self.sinks:
             event = {"event": op, "host": h["host"], "node": h.get("node") or h["host"],
                      "devices": list(h.get("devices", [])), "kind": kind, "reason": reason,
                      "slurm_jobs": list(h.get("slurm_jobs", [])),
-                     "finding": finding, "job": h.get("job") or self.job, "at": now,
+                     "finding": finding, "job": h.get("job") or self.job, "shard": shard,
+                     "at": now,
                      "expires_at": h.get("expires_at") if op == "quarantine" else None}
             aid = self.store.add_host_action(host=h["host"], sink=sink.name, op=op,
                                              status="pending", event=event, at=now, next_at=now)

@@ -362,7 +362,10 @@ class HostLedger(HostActions):
                    "replica_id": last.get("replica_id"), "ranks": last.get("ranks")}
         with self._kept_unless_written(h), self.store.atomic():  # never without its actions
             h.pop("hold", None)
+            # the job and shard its drain entry and taint are keyed on: a later run on this
+            # --state under another --job or --shard still releases them
             h.update(kind=kind, reason=summary, quarantined_at=now, job=self.job,
+                     shard=(self.sender or {}).get("shard"),
                      expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
                      present_replica_ids=sorted({str(o["data"].get("replica_id"))
                                                  for o in offences

@@ -25,6 +25,7 @@ from http_serving import redact_url
 
 from ...config import url_host_port
 from .base import ActionResult, SinkConfigError, one_node, sink_name
+from .kubernetes import event_shard
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
 MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
@@ -185,8 +186,8 @@ class SlurmSink:
         raw = str(event.get("job") or "")
         job, folded = slurm_job(raw), _fold(raw)
         # shards of one job hold their own quarantines: each lists its own entry, so one's
-        # release leaves another's drain (a slice's holder and standby share theirs)
-        shard = str((event.get("monitor") or {}).get("shard") or "").partition("/")[0]
+        # release leaves another's drain
+        shard = event_shard(event)
         keyed = f"{job}/shard{shard}" if shard else job
         jobs = _jobs(m)
         quarantine = what is not None
@@ -199,9 +200,17 @@ class SlurmSink:
             # the fold is job team_a's)
             mine = next((j for j in (keyed, job) if j in jobs), folded)
             if jobs and mine not in jobs:  # released already, or never this job's drain
-                return ActionResult(True, f"node {node} drained by {','.join(sorted(jobs))}, "
-                                          f"not by job {raw}{f' shard {shard}' if shard else ''}"
-                                          ": left as it is")
+                detail = (f"node {node} drained by {','.join(sorted(jobs))}, not by job "
+                          f"{raw}{f' shard {shard}' if shard else ''}: left as it is")
+                shards = sorted(j for j in jobs if re.fullmatch(rf"{re.escape(job)}/shard\d+", j))
+                if shards:  # another shard's, or an older version's under a changed --shard
+                    log.warning("node %s: job %s's %s, listed under another --shard, keeps it "
+                                "drained: only that shard's release lifts it; if no monitor "
+                                "runs it, lift it by hand (docs/quarantine.md)", node, raw,
+                                ",".join(shards))
+                    detail += (f"; {','.join(shards)}, job {raw}'s under another --shard, is "
+                               "only that shard's release to lift (see docs/quarantine.md)")
+                return ActionResult(True, detail)
             jobs.discard(mine)
             what = f"still quarantined by {','.join(sorted(jobs))}" if jobs else None
         args = ["State=UNDRAIN"] if what is None else \

@@ -22,6 +22,7 @@ from .base import ActionResult, SinkConfigError, one_node
 log = logging.getLogger(__name__)
 
 TAINT_KEY = "lightkeeper.io/quarantined"  # an older version's names no job: lifted by hand
+SHARD_TAINT = re.compile(re.escape(TAINT_KEY) + r"\.shard([0-9]+)-.*")
 CORDONED = "lightkeeper.io/cordoned"  # annotation: the cordon is ours to undo
 CONDITION = "LightkeeperQuarantined"
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
@@ -50,10 +51,12 @@ def taint_key(job: str, shard: str = "") -> str:
     return f"{TAINT_KEY}{tag}-{part}"
 
 
-def _shard(event: dict[str, Any]) -> str:
-    """The sending monitor's shard index, "" unsharded: shards of one job (one ledger each)
-    hold their own taints, so one's release leaves another's (a holder and standby share)."""
-    return str((event.get("monitor") or {}).get("shard") or "").partition("/")[0]
+def event_shard(event: dict[str, Any]) -> str:
+    """The shard index ("" unsharded) of the quarantine the event acts on, kept with the host
+    like its job (an event an older version queued: the sender's). Shards of one job (one ledger
+    each) hold their own drain entries and taints, a slice's holder and standby share theirs."""
+    shard = event["shard"] if "shard" in event else (event.get("monitor") or {}).get("shard")
+    return str(shard or "").partition("/")[0]
 
 
 class KubernetesSink:
@@ -103,7 +106,7 @@ class KubernetesSink:
             if not self._job_pods(node, job):
                 return ActionResult(False, f"node {node} runs no pod of job {job or '?'}: "
                                     "claim not verified", retry=False)
-            self._patch_node(node, self._get_node(node), taint_key(job, _shard(event)),
+            self._patch_node(node, self._get_node(node), taint_key(job, event_shard(event)),
                              taint_value(kind))
             done.append("cordoned and tainted")
             self._set_condition(node, True, _reason(kind), str(event.get("reason") or kind))
@@ -120,7 +123,7 @@ class KubernetesSink:
             node = one_node(event)  # a name with a '/' would patch another path
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
-        job, shard = str(event.get("job") or ""), _shard(event)
+        job, shard = str(event.get("job") or ""), event_shard(event)
         key = taint_key(job, shard)
         done: list[str] = []
         try:
@@ -132,14 +135,25 @@ class KubernetesSink:
             # without it the quarantine never happened (a claim not verified: maybe another
             # team's node) or this release is done, and nothing on the node is this job's
             if key not in (t.get("key") for t in _taints(obj)):
+                detail = f"node {node}: no {key} taint, nothing to release"
                 if TAINT_KEY in _quarantine_keys(obj):  # perhaps this job's, before an upgrade
                     # said, not failed: another team's would fail every release for good
                     log.warning("node %s: an older version's %s taint holds it; no release "
                                 "lifts it: lift it by hand (docs/quarantine.md)", node, TAINT_KEY)
-                    return ActionResult(True, f"node {node}: no {key} taint, nothing to "
-                                        f"release; an older version's {TAINT_KEY} holds it: "
-                                        "lift it by hand (see docs/quarantine.md)")
-                return ActionResult(True, f"node {node}: no {key} taint, nothing to release")
+                    detail += (f"; an older version's {TAINT_KEY} holds it: lift it by hand "
+                               "(see docs/quarantine.md)")
+                # the job's taint of another shard index: another shard's, or one an older
+                # version set under a --shard since changed (it kept no shard with the host)
+                if shards := sorted(k for k in _quarantine_keys(obj) if (
+                        m := SHARD_TAINT.fullmatch(k)) and k == taint_key(job, m[1])):
+                    log.warning("node %s: job %s's %s, set under another --shard, holds it: "
+                                "only that shard's release lifts it; if no monitor runs it, "
+                                "lift it by hand (docs/quarantine.md)", node, job,
+                                ", ".join(shards))
+                    detail += (f"; job {job}'s {', '.join(shards)}, set under another --shard, "
+                               "holds it: only that shard's release lifts it (see "
+                               "docs/quarantine.md)")
+                return ActionResult(True, detail)
             released = not [k for k in _quarantine_keys(obj) if k != key]
             if released:
                 # the condition before the taint: a retry after a failure finds the taint
