@@ -116,3 +116,18 @@ def test_a_fault_before_the_baseline_formed_leaves_it_formed():
     assert out["job"]["badput_seconds"]["startup"] == startup
     [inc] = out["incidents"]
     assert inc["cost"]["by_cause"]["straggler_drag"] > 0
+
+
+def test_a_dead_group_whose_absence_slows_the_job_holds_the_baseline_only_for_the_horizon():
+    """Group 0 found ``dead`` (never evicted by default) and from then on the job runs at 0.8x
+    for good, never back at pace: a capacity-only incident holds the baseline no longer than
+    the horizon after its detection, so the job's new pace is adopted."""
+    from tests.test_goodput_held import compared_ledger
+    job, led = compared_ledger(seconds=60, horizon_s=10.0)
+    job.groups[0].update({"in": False, "reach": False})
+    job.finding("dead", 0, first_seen=job.t, confirmed_at=job.t + 3, fid=5)
+    job.run(led, 300, pace=0.8)
+    out = led.to_json()
+    assert out["baseline"]["frozen"] is None, out["baseline"]
+    assert out["baseline"]["step_seconds"] == pytest.approx(STEP / 0.8, rel=0.02)
+    assert out["pace"]["ratio"] >= 0.9

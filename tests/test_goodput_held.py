@@ -217,3 +217,113 @@ def test_a_straggler_held_at_a_kill_leaves_the_killed_groups_rejoin_pause_to_the
     assert killed["rejoined_at"] == pytest.approx(went_on - heal) and not killed["open"]
     check_invariant(led)
     check_counted(job, led)
+
+
+def _killed_beside_a_straggler(on_s: int, clear: bool = False):
+    """Group 0's straggler held (0.5x; a false one, 1.0x, its findings cleared after ``on_s``
+    when ``clear``); a hang in group 2 killed; the survivors go on without it for ``on_s``
+    sweeps; then group 2's new incarnation rejoins and the quorum waits for its heal, nobody
+    committing for longer than a window. Returns (ledger, the kill's incident before the
+    rejoin, seconds healing, the sweep the survivors first committed)."""
+    job, led = compared_ledger(groups=3)
+    on = job.t
+    job.groups[0]["struck"] = {"slow": on + 0.05}
+    p = 1.0 if clear else 0.5
+    job.run(led, 5, pace=p)
+    strag = job.finding("straggler", 0, first_seen=on + 0.1, confirmed_at=job.t, fid=1)
+    job.run(led, 30, pace=p)
+    h = job.t
+    job.run(led, 2, pace=0.0)
+    hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
+    job.sweep(led, pace=0.0)
+    _confirmed_kill(job, 2, did=7, fid=2)
+    job.findings.remove(hang)
+    job.run(led, 2, pace=0.0)
+    went_on = job.t + 1
+    job.run(led, on_s, pace=p)
+    if clear:
+        job.findings.remove(strag)
+        job.run(led, 10)
+    before = _incidents(led)[2]
+    job.restart(2, "b")
+    heal = int(led.to_json()["pace"]["window_s"]) + 2
+    job.run(led, heal, pace=0.0)
+    job.run(led, 20, pace=p)
+    check_invariant(led)
+    check_counted(job, led)
+    return led, before, heal, went_on
+
+
+@pytest.mark.parametrize("on_s", [1, 2, 5])
+def test_the_killed_groups_heal_pause_is_the_kills_without_moving_its_end(on_s):
+    """However soon after the survivors went on the killed group rejoins, its heal's pause is
+    the kill's recovery (a straggler stops no commits), and the recovery's end, published
+    ``superseded`` when the job went on, stays put."""
+    led, before, heal, went_on = _killed_beside_a_straggler(on_s)
+    strag, killed = _incidents(led)[0], _incidents(led)[2]
+    assert "stall" not in strag["cost"]["by_cause"], strag
+    gained = killed["cost"]["by_cause"]["recovery"] - before["cost"]["by_cause"]["recovery"]
+    assert 3 * heal <= gained <= 3 * (heal + 1), killed
+    assert (killed["back_to_pace"], killed["superseded_by"]) == ("superseded", strag["id"])
+    assert killed["back_to_pace_at"] == pytest.approx(went_on, abs=1e-6)
+    assert not killed["open"]
+
+
+def test_a_kills_published_end_stays_put_after_the_straggler_that_superseded_it_cleared():
+    """A false straggler (the job at pace) superseded the kill's recovery when the survivors
+    went on, then cleared; the group rejoins later: the published end stays."""
+    led, before, heal, _ = _killed_beside_a_straggler(5, clear=True)
+    killed = _incidents(led)[2]
+    assert before["back_to_pace"] == "superseded"
+    for k in ("back_to_pace", "superseded_by", "back_to_pace_at", "recovery_s"):
+        assert killed[k] == before[k], (k, killed, before)
+    gained = killed["cost"]["by_cause"]["recovery"] - before["cost"]["by_cause"]["recovery"]
+    assert 3 * heal <= gained <= 3 * (heal + 1), killed
+
+
+@pytest.mark.parametrize("kind", [None, "straggler", "job_slow"])
+def test_a_hangs_stall_before_its_confirmation_is_its_own_beside_a_slowdown(kind):
+    """A slowdown open (a straggler on group 1, or job_slow), then a hang in group 2 stops
+    every group for longer than a window before it is confirmed: the whole stall from the
+    hang's onset is the hang's, as with no slowdown open."""
+    job, led = compared_ledger(groups=4)
+    if kind == "straggler":
+        job.finding("straggler", 1, first_seen=job.t + 0.1, confirmed_at=job.t + 1, fid=1)
+    elif kind == "job_slow":
+        job.findings.append({"id": 1, "kind": kind, "replica_group": None, "replica_id": None,
+                             "ranks": [], "evidence": {}, "first_seen": job.t,
+                             "confirmed_at": job.t + 1})
+    job.run(led, 10, pace=1.0 if kind is None else 0.6)
+    h = job.t
+    job.run(led, 10, pace=0.0)
+    hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
+    job.sweep(led, pace=0.0)
+    _confirmed_kill(job, 2, did=7, fid=2)
+    job.findings.remove(hang)
+    job.run(led, 20, pace=1.0 if kind is None else 0.6)
+    check_invariant(led)
+    check_counted(job, led)
+    incs = {i["kind"]: i for i in led.to_json()["incidents"]}
+    assert incs["hang"]["cost"]["by_cause"]["stall"] == pytest.approx(4 * 11)
+    assert "stall" not in incs.get(kind, {"cost": {"by_cause": {}}})["cost"]["by_cause"]
+
+
+def test_a_job_slow_found_late_claims_its_idle_sweeps_as_drag_not_stall():
+    """Steps ten times the healthy time, a commit every other sweep (each gap shorter than a
+    window): job_slow confirmed 12 s after its onset claims the idle sweeps as its drag, as a
+    straggler does: a slowdown stops no commits."""
+    job, led = compared_ledger(groups=3)
+    on = job.t
+    for _ in range(6):
+        job.run(led, 1, pace=0.0)
+        job.run(led, 1, pace=0.25)
+    job.findings.append({"id": 1, "kind": "job_slow", "replica_group": None, "replica_id": None,
+                         "ranks": [], "evidence": {}, "first_seen": on, "confirmed_at": job.t})
+    for _ in range(6):
+        job.run(led, 1, pace=0.0)
+        job.run(led, 1, pace=0.25)
+    check_invariant(led)
+    check_counted(job, led)
+    slow = led.to_json()["incidents"][0]
+    assert "stall" not in slow["cost"]["by_cause"], slow
+    assert led.to_json()["job"]["badput_seconds"]["stall"] == 0

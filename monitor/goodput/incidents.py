@@ -21,8 +21,10 @@ DRAG_KINDS = frozenset({"straggler", "network", "job_slow"})
 # found, a group out of the quorum (torchft dropped a dead one, a stuck_starting one never
 # joined): it costs capacity, never the pace of the groups that go on
 OUT_KINDS = frozenset({"dead", "stuck_starting"})
+# faults that slow the job's commits and cannot stop them: their idle sweeps are drag
+SLOWING = frozenset({"straggler", "job_slow"})
 # faults that cannot stop the job's commits once found: their stall is another fault's
-UNSTOPPING = OUT_KINDS | {"straggler", "job_slow"}
+UNSTOPPING = OUT_KINDS | SLOWING
 
 
 class Incidents(dict[int, Incident]):
@@ -196,9 +198,11 @@ class Incidents(dict[int, Incident]):
         self.on_open(inc)
         return inc
 
-    def follow(self, in_quorum: set[int], now: float, job: JobPace) -> None:
+    def follow(self, in_quorum: set[int], now: float, job: JobPace,
+               last_commit_at: float | None) -> None:
         """Rejoined, back at pace (or settled), closed: acted on, back at pace and the group
-        back in the quorum."""
+        back in the quorum, the job committed since a killed group's rejoin (its heal's pause
+        is the kill's recovery: :meth:`rejoining`)."""
         b = job.baseline  # before a settle moves it
         settled = job.track_steady(now, [i for i in self.open() if i.waiting],
                                    self.open_findings)
@@ -219,7 +223,8 @@ class Incidents(dict[int, Incident]):
                     inc.settled_step_s = round(settled[1], 4)
                     changed = True
             acted = inc.evicted_at is not None or inc.resolved_at is not None
-            back_in = inc.replica_group is None or inc.replica_group in in_quorum
+            back_in = inc.replica_group is None or inc.replica_group in in_quorum and (
+                inc.rejoined_at is None or (last_commit_at or 0.0) >= inc.rejoined_at)
             if inc.back_to_pace_at is not None and acted and back_in:
                 # its cost in group-steps stays what it was, however the baseline moves on
                 inc.closed_at, inc.closed_step_s, changed = now, b, True
@@ -229,19 +234,29 @@ class Incidents(dict[int, Incident]):
     def open(self) -> list[Incident]:
         return [i for i in self.values() if i.open]
 
-    def unsettled(self) -> int | None:
+    def unsettled(self, now: float, horizon: float) -> int | None:
         """The newest open incident whose fault may still set the job's pace (it freezes the
         baseline): not back at pace since its eviction or detection, or not acted on. One that
         only waits for its group to return holds it no more, nor one of a group out of the
-        quorum back at pace (OUT_KINDS): the group may never return, capacity, not pace."""
-        return next((i.id for i in reversed(self.open()) if i.back_to_pace_at is None
-                     or (i.evicted_at is None and i.resolved_at is None
-                         and i.kind not in OUT_KINDS)), None)
+        quorum (OUT_KINDS) back at pace or found ``horizon`` ago: capacity, not pace."""
+        return next((i.id for i in reversed(self.open()) if (
+            i.back_to_pace_at is None or (i.evicted_at is None and i.resolved_at is None))
+            and (i.kind not in OUT_KINDS or (i.back_to_pace_at is None
+                                             and now - i.detected_at < horizon))), None)
 
     def recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""
         return max((i for i in self.open() if i.evicted_at is not None and i.evicted_at < t
                     and i.back_to_pace_at is None), key=lambda i: i.evicted_at, default=None)
+
+    def rejoining(self, in_quorum: set[int]) -> Incident | None:
+        """The latest open kill whose group is back in the quorum as a new incarnation: until
+        the job commits again (:meth:`follow` closes it), the pause of its heal."""
+        S = self.slots
+        return max((i for i in self.open() if i.evicted_at is not None
+                    and i.replica_group in in_quorum
+                    and S.rid[S.index[i.replica_group]] != i.replica_id),
+                   key=lambda i: i.evicted_at, default=None)
 
     def unacted(self, t: float) -> list[Incident]:
         """Open incidents not acted on by ``t``: findings open, no eviction before ``t`` (the

@@ -14,7 +14,7 @@ import numpy as np
 from monitor.evidence.view import ClusterView
 
 from .columns import CommitReader, History, Judged, Slots
-from .incidents import DRAG_KINDS, UNSTOPPING, Incidents
+from .incidents import DRAG_KINDS, SLOWING, UNSTOPPING, Incidents
 from .model import PENDING, GoodputConfig, Incident, Interval, Run, SweepAccount
 from .pace import JobPace, pace_of
 from .report import GoodputReport
@@ -79,7 +79,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         self.incidents.ingest_findings(view, findings, now, self.since, self.job.horizon)
         self.incidents.ingest_evictions(evictions, now, self.since)
         self._judge_kills(evictions)
-        self._end_recoveries(now, in_quorum)
+        self._end_recoveries(now)
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
                                     self.reader.quorum_rids, self.reader.rids, self.last_at)
         if self.since is None:
@@ -104,22 +104,23 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
         acct.expected_groups = self.expected_groups  # also where not accounted (metrics)
-        self.incidents.follow(in_quorum, now, self.job)
-        self.job.sample(now, self.incidents.unsettled())
+        self.incidents.follow(in_quorum, now, self.job, self.last_commit_at)
+        self.job.sample(now, self.incidents.unsettled(now, self.job.horizon))
         self._settle(now, acct)
         acct.group_goodput_ratio, acct.job_goodput_ratio = self.slots.ratios()
         return acct
 
     def _explain(self, inc: Incident) -> None:
         """A new incident claims the unsettled badput since its onset that it explains: a
-        fault that slows commits (DRAG_KINDS) the slow time with commits as its drag."""
+        fault that slows commits (DRAG_KINDS) the slow time with commits as its drag, one that
+        cannot stop them (SLOWING) the time without too."""
         self.job.forget_since(inc.onset_at)  # its pace is no norm: judged again without it
         for r in self.runs:
             if r.t1 <= inc.onset_at:
                 continue
-            if r.cause == PENDING and inc.kind == "straggler":
+            if r.cause == PENDING and inc.kind in SLOWING:
                 r.cause = "straggler_drag"
-            elif (r.cause == PENDING and r.idle) or (inc.kind != "straggler"
+            elif (r.cause == PENDING and r.idle) or (inc.kind not in SLOWING
                                                       and self._provisional(r)):
                 r.cause = "stall"
             elif r.cause == PENDING and inc.kind in DRAG_KINDS:
@@ -219,14 +220,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         # a stall: no group committed for a whole pace window
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= window)
-        recovering = incs.recovering(now)
         drag, other = incs.explaining(True, now), incs.explaining(False, now)
+        # a killed group back, healing: the pause is the kill's, unless a fault may stop commits
+        recovering = incs.recovering(now) or (None if other else incs.rejoining(in_quorum))
         idle = not job_moved and not committed
         # the pace window never reaches back across the onset of an incident not acted on
         cuts = [i.onset_at for i in incs.unacted(now) if now - window < i.onset_at < now]
         self.judged.drop_before(now - self.job.horizon)
-        if stall and recovering is None:
-            self._pending_to_stall(other or drag)
+        if stall and recovering is None:  # only a fault that may stop commits holds a stall
+            self._pending_to_stall(other)
         slow = False
         if cuts:
             window = min(window, now - max(cuts))
@@ -252,7 +254,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
                 if recovering is not None:
                     cause, inc = "recovery", recovering
                 elif stall:
-                    cause, inc = "stall", other or drag
+                    cause, inc = "stall", other
                 elif idle and other is not None:  # a straggler slows, never stops
                     cause, inc = "stall", other
                 elif drag is not None:  # slow, still committing
@@ -278,13 +280,12 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
-    def _end_recoveries(self, now: float, in_quorum: set[int]) -> None:
+    def _end_recoveries(self, now: float) -> None:
         """A fault confirmed while the job recovers from an eviction ends that recovery at its
         detection, one held since before the kill once the kill's own part is over
         (:meth:`_held`); one that clears unevicted, the job below pace, gives the recovery
-        back, and so does the killed group's rejoin where a held slowdown ended it (the pause
-        of its heal is the kill's: a slowdown stops no commits)."""
-        incs, S = self.incidents, self.slots
+        back."""
+        incs = self.incidents
         at_pace = self.job.ratio is not None and self.job.ratio >= self.cfg.pace_threshold
         cleared = {i.id for i in incs.open() if i.resolved_at == now and i.evicted_at is None}
         for inc in incs.values() if cleared and not at_pace else ():
@@ -293,18 +294,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
                 incs.dirty.add(inc.id)
         opened = incs.open()
         for inc in opened:
-            if inc.evicted_at is None:
+            if inc.evicted_at is None or inc.back_to_pace_at is not None:
                 continue
-            if inc.back_to_pace_at is not None:
-                by, g = incs.get(inc.superseded_by), inc.replica_group
-                if by is None or by.kind not in UNSTOPPING or by.detected_at > inc.evicted_at \
-                        or inc.rejoined_at is not None or g not in in_quorum \
-                        or S.rid[S.index[g]] == inc.replica_id:
-                    continue
-                # a held slowdown ended it and its group rejoins: the heal's pause is the kill's
-                inc.back_to_pace_at = inc.superseded_by = None
-                inc.rejoined_at = now  # as follow() sets it: _held looks for going on after it
-                incs.dirty.add(inc.id)
             later = min((i for i in opened if i is not inc and i.resolved_at is None
                          and i.detected_at > inc.evicted_at),
                         key=attrgetter("detected_at", "id"), default=None)
@@ -318,13 +309,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
     def _held(self, inc: Incident, opened: list[Incident], now: float) -> Incident | None:
         """A fault confirmed by ``inc``'s kill and not acted on then (its eviction held) that
         explains the job's slowness once the kill's own part is over, by the ranks' commits:
-        the job went on without the killed group, or since its rejoin (a fault that slows
-        commits), or committed nothing for a whole window since the kill (one that may stop
-        them)."""
+        the job went on without the killed group (a fault that slows commits), or committed
+        nothing for a whole window since the kill (one that may stop them)."""
         if self.last_at is None or self.last_at <= inc.evicted_at:
             return None
-        went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at \
-            and self.went_on_at >= (inc.rejoined_at or 0.0)
+        went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at
         stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.job.window
         return min((i for i in opened if i is not inc and i.resolved_at is None
                     and i.detected_at <= inc.evicted_at
@@ -375,7 +364,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         for r in self.runs:
             if (r.cause == PENDING or self._provisional(r)) and self.last_commit_at is not None \
                     and r.t0 >= self.last_commit_at - 1e-9:
-                r.cause = "stall"
+                # a slowdown's idle drag: no longer its own, a later fault's to claim
+                r.cause, r.incident, r.finding_id, r.eviction_id = "stall", None, None, None
                 _link(r, inc)
 
     def _account_gap(self, in_quorum: set[int], deltas: np.ndarray, dt: float, now: float,

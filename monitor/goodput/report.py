@@ -43,7 +43,8 @@ class GoodputReport:
             "baseline": {"step_seconds": round(baseline, 4) if baseline else None,
                          "samples": len(job_pace.samples),
                          "window_samples": self.cfg.baseline_samples,
-                         "frozen": job_pace.frozen(self.last_at, self.incidents.unsettled())},
+                         "frozen": job_pace.frozen(self.last_at, self.incidents.unsettled(
+                             self.last_at or 0.0, job_pace.horizon))},
             "pace": {"ratio": round(job_pace.ratio, 3) if job_pace.ratio is not None else None,
                      "threshold": self.cfg.pace_threshold, "window_s": round(job_pace.window, 3)},
             "horizon_s": round(job_pace.horizon, 3),

@@ -36,7 +36,7 @@ from operator import is_not
 from typing import Any
 
 from monitor.evidence.view import ClusterView
-from monitor.goodput.incidents import DRAG_KINDS, OUT_KINDS, UNSTOPPING
+from monitor.goodput.incidents import DRAG_KINDS, OUT_KINDS, SLOWING, UNSTOPPING
 from monitor.goodput.ledger import RELAUNCH_S
 from monitor.goodput.model import (  # the data and helpers the columns did not change
     CAUSES,
@@ -513,15 +513,15 @@ class GoodputLedger:
                    key=lambda i: (i.detected_at, i.id), default=None)
 
     def _claim_unsettled(self, inc: Incident) -> None:
-        """A new incident explains unsettled badput since its onset: a straggler the pending
-        slow time, any other the pending time without commits (as ``stall``), any incident a
-        stall nothing explained, its group's capacity lost."""
+        """A new incident explains unsettled badput since its onset: a straggler or job_slow
+        the pending slow time, any other the pending time without commits (as ``stall``),
+        any incident a stall nothing explained, its group's capacity lost."""
         for s in self.unsettled:
             if s.t1 <= inc.onset_at:
                 continue
-            if s.cause == PENDING and inc.kind == "straggler":
+            if s.cause == PENDING and inc.kind in SLOWING:
                 s.cause = "straggler_drag"
-            elif (s.cause == PENDING and s.idle) or (inc.kind != "straggler"
+            elif (s.cause == PENDING and s.idle) or (inc.kind not in SLOWING
                                                       and self._provisional(s)):
                 s.cause = "stall"  # the first seconds of the stall this incident caused
             elif s.cause == PENDING and inc.kind in DRAG_KINDS:
@@ -553,12 +553,14 @@ class GoodputLedger:
     def _open_incidents(self) -> list[Incident]:
         return [i for i in self.incidents.values() if i.open]
 
-    @staticmethod
-    def _holds_baseline(i: Incident) -> bool:
-        """Not back at pace since, or not acted on (but a group out of the quorum's, back at
-        pace): its fault may still set the job's pace."""
-        return i.back_to_pace_at is None or (i.evicted_at is None and i.resolved_at is None
-                                             and i.kind not in OUT_KINDS)
+    def _holds_baseline(self, i: Incident) -> bool:
+        """Not back at pace since, or not acted on (but a group out of the quorum's only while
+        not back at pace, found less than the horizon ago): its fault may still set the job's
+        pace."""
+        if i.kind in OUT_KINDS:
+            return i.back_to_pace_at is None and (self.last_at or 0.0) - i.detected_at \
+                < self.horizon
+        return i.back_to_pace_at is None or (i.evicted_at is None and i.resolved_at is None)
 
     def _recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""
@@ -614,10 +616,15 @@ class GoodputLedger:
         # a stall: no group committed for a whole pace window (shorter gaps are slow steps)
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= self.window)
-        recovering = self._recovering(now)
         straggler = self._explaining(now, straggler=True)
         other = self._explaining(now, straggler=False)
-        stall_cause = other or straggler
+        stall_cause = other  # a slowdown, or a group out of the quorum, stops no commits
+        recovering = self._recovering(now)
+        if recovering is None and other is None:  # a killed group back, healing: the kill's
+            rejoining = [i for i in self._open_incidents() if i.evicted_at is not None
+                         and i.replica_group in in_quorum
+                         and self.groups[i.replica_group].replica_id != i.replica_id]
+            recovering = max(rejoining, key=lambda i: i.evicted_at) if rejoining else None
         idle = not job_moved and not any(deltas.get(g, 0) for g in inside)
         # the pace window never reaches back across the onset of an incident not yet acted on
         cuts = [i.onset_at for i in self._open_incidents()
@@ -686,8 +693,7 @@ class GoodputLedger:
     def _end_recoveries(self, now: float, in_quorum: set[int]) -> None:
         """A fault confirmed, and still open, during an eviction's recovery ends that recovery
         at its detection; one that clears now, never evicted, the job still below pace, gives
-        it back, reopened if it closed, and so does the killed group's rejoin where a held
-        slowdown ended it (as monitor/goodput does)."""
+        it back, reopened if it closed."""
         at_pace = self.pace is not None and self.pace >= self.cfg.pace_threshold
         for inc in self.incidents.values():
             by = self.incidents.get(inc.superseded_by)
@@ -697,17 +703,8 @@ class GoodputLedger:
                 self._dirty_incidents.add(inc.id)
         opened = self._open_incidents()
         for inc in opened:
-            if inc.evicted_at is None:
+            if inc.evicted_at is None or inc.back_to_pace_at is not None:
                 continue
-            if inc.back_to_pace_at is not None:
-                by, g = self.incidents.get(inc.superseded_by), inc.replica_group
-                if by is None or by.kind not in UNSTOPPING or by.detected_at > inc.evicted_at \
-                        or inc.rejoined_at is not None or g not in in_quorum \
-                        or self.groups[g].replica_id == inc.replica_id:
-                    continue
-                inc.back_to_pace_at = inc.superseded_by = None  # the heal's pause: the kill's
-                inc.rejoined_at = now
-                self._dirty_incidents.add(inc.id)
             later = sorted((i.detected_at, i.id) for i in opened if i is not inc
                            and i.resolved_at is None and i.detected_at > inc.evicted_at)
             if later:
@@ -717,8 +714,7 @@ class GoodputLedger:
             # one confirmed by the kill, its eviction held: once the kill's own part is over
             if self.last_at is None or self.last_at <= inc.evicted_at:
                 continue
-            went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at \
-                and self.went_on_at >= (inc.rejoined_at or 0.0)
+            went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at
             stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.window
             held = sorted((i.detected_at, i.id) for i in opened if i is not inc
                           and i.resolved_at is None and i.detected_at <= inc.evicted_at
@@ -771,7 +767,7 @@ class GoodputLedger:
         for s in self.unsettled:
             if (s.cause == PENDING or self._provisional(s)) and self.last_commit_at is not None \
                     and s.t0 >= self.last_commit_at - 1e-9:
-                s.cause = "stall"
+                s.cause, s.incident, s.finding_id, s.eviction_id = "stall", None, None, None
                 self._link(s, inc)
 
     def _account_gap(self, in_quorum: set[int], deltas: dict[int, int], dt: float, now: float,
@@ -827,11 +823,13 @@ class GoodputLedger:
         settled = self._track_steady(now)
         for inc in self._open_incidents():
             changed = False
-            back_in = inc.replica_group is None or inc.replica_group in in_quorum
             if inc.evicted_at is not None and inc.rejoined_at is None \
                     and inc.replica_group in in_quorum \
                     and self.groups[inc.replica_group].replica_id != inc.replica_id:
                 inc.rejoined_at, changed = now, True
+            # back in: and, a killed group, the job committed since its rejoin (the heal's)
+            back_in = inc.replica_group is None or inc.replica_group in in_quorum and (
+                inc.rejoined_at is None or (self.last_commit_at or 0.0) >= inc.rejoined_at)
             if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
                 back = self._back_at(hist, inc.search_from, now, b)
                 if back is not None:
