@@ -95,7 +95,7 @@ def test_a_straggler_held_at_a_kill_drags_once_the_job_went_on_without_the_kille
     hang_inc, strag = _incidents(led)[2], _incidents(led)[0]
     # the kill's recovery ended the sweep the job went on, the hang's incident closed
     assert (hang_inc["back_to_pace"], hang_inc["superseded_by"]) == ("superseded", strag["id"])
-    assert hang_inc["back_to_pace_at"] == pytest.approx(went_on)
+    assert hang_inc["back_to_pace_at"] == pytest.approx(went_on, abs=1e-6)
     assert hang_inc["open"] is False
     assert hang_inc["cost"]["by_cause"]["recovery"] <= 2 * still + 3 + 1e-6, hang_inc
     # every group in the quorum at 0.5x since: half of each second is the straggler's drag
@@ -200,6 +200,7 @@ def test_a_straggler_held_at_a_kill_leaves_the_killed_groups_rejoin_pause_to_the
     _confirmed_kill(job, 2, did=7, fid=2)
     job.findings.remove(hang)
     job.run(led, 2, pace=0.0)
+    gone = job.t
     job.run(led, 2, pace=0.5)  # on without group 2
     before = _incidents(led)[2]["cost"]["by_cause"]["recovery"]
     job.restart(2, "b")
@@ -213,8 +214,9 @@ def test_a_straggler_held_at_a_kill_leaves_the_killed_groups_rejoin_pause_to_the
     # the whole pause, on every group (and the slow part of the sweep that went on)
     assert 3 * heal <= killed["cost"]["by_cause"]["recovery"] - before <= 3 * (heal + 1)
     assert (killed["back_to_pace"], killed["superseded_by"]) == ("superseded", strag["id"])
-    assert killed["back_to_pace_at"] == pytest.approx(went_on)
-    assert killed["rejoined_at"] == pytest.approx(went_on - heal) and not killed["open"]
+    # its end stays where the job went on without group 2, before the rejoin
+    assert gone < killed["back_to_pace_at"] <= gone + 2
+    assert killed["rejoined_at"] == pytest.approx(went_on - heal, abs=1e-6) and not killed["open"]
     check_invariant(led)
     check_counted(job, led)
 
