@@ -1,6 +1,7 @@
 """The ``slurm`` sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
 fixture: nodes ``n1``, ``n2``; root only): a node that runs none of the ranks' Slurm jobs is
-never drained, two shards of one job each hold their own entry in a
+never drained, but one whose job just ended there, a heterogeneous job's part there, or a job
+requeued from it (retried) still is, two shards of one job each hold their own entry in a
 node's drain (the shard that quarantined, kept with the host, keys its release), a monitor left at the default ``--job`` with a per-job sink is warned, and a
 release that leaves a node DOWN with the drain's reason says so."""
 
@@ -19,7 +20,7 @@ from monitor.config import MonitorConfig, QuarantineConfig
 from monitor.store import Store
 from tests import test_hosts_sinks
 from tests.test_hosts import Clock, finding
-from tests.test_hosts_sinks import SLURM_JOBS, _jobs, _until_nodes_idle
+from tests.test_hosts_sinks import SLURM_JOBS, _jobs, _nodes, _until_nodes_idle
 from tests.test_slurm_sink_jobs import node
 
 slurm, slurm_cluster = test_hosts_sinks.slurm, test_hosts_sinks.slurm_cluster
@@ -169,11 +170,100 @@ def test_a_release_leaving_the_node_down_with_the_drains_reason_says_so(slurm, m
     assert node("n2") == (False, reason)
 
 
-def _sbatch(env: dict, node: str, *user: str) -> str:
+def _sbatch(env: dict, node: str, *user: str, wrap: str = "exec sleep 900",
+            opts: tuple = ()) -> str:
     r = subprocess.run([*user, "sbatch", "--parsable", "-w", node, "-t", "15", "-D", "/",
-                        "-o", "/dev/null", "--wrap", "exec sleep 900"], env=env,
+                        "-o", "/dev/null", *opts, "--wrap", wrap], env=env,
                        capture_output=True, text=True, check=True)
     return r.stdout.strip().split(";")[0]
+
+
+def _free_nodes(env: dict) -> None:
+    subprocess.run(["scancel", *_jobs(env)], check=True)
+    _until_nodes_idle(env, time.monotonic() + 15, "the Slurm nodes were not IDLE again")
+
+
+def _until_job(job: str, shown: str) -> None:
+    """Until ``squeue -t all`` shows ``job`` as ``STATE NODES``."""
+    deadline = time.monotonic() + 15
+    while (now := subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T %N"],
+                                 capture_output=True, text=True).stdout.strip()) != shown:
+        assert time.monotonic() < deadline, f"job {job}: {now!r}, not {shown!r}"
+        time.sleep(0.1)  # polling the controller, with a deadline
+
+
+def test_a_heterogeneous_jobs_part_holds_its_node_under_the_first_parts_id(slurm, monkeypatch,
+                                                                          tmp_path):
+    """A heterogeneous job 14's part 1, job 15 to Slurm, runs on n2; its ranks' SLURM_JOB_ID is
+    the first part's 14: n2 is drained. squeue is a stand-in answering as Slurm 22.05 does for
+    such a part (``%A`` 15, ``%i`` 14+1): the loopback cluster starts a hetjob only in its
+    backfill pass, up to 30 s later."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "squeue").write_text(
+        '#!/bin/sh\ncase "$*" in *%i*) echo "15 14+1 RUNNING n2" ;; *) echo 15 ;; esac\n')
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    sink = SlurmSink()
+    res = sink.quarantine({**EVENT, "kind": "hang", "slurm_jobs": ["14"]})
+    assert res.ok, res.detail
+    assert node("n2") == (True, "lightkeeper(train): hang finding 7 replica_group 2")
+    assert sink.release({**EVENT, "event": "release"}).ok and node("n2") == (False, "")
+
+
+def test_a_job_that_ended_on_the_node_a_moment_ago_still_holds_it(slurm, monkeypatch):
+    """The ranks' job ended just before the drain: on n1 its rank died (FAILED), on n2 its node
+    failed (DOWN, the job NODE_FAIL, not requeued). Slurm lists each there for MinJobAge: both
+    nodes are drained."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    _free_nodes(slurm)
+    died = _sbatch(slurm, "n1", wrap="exit 1")
+    failed = _sbatch(slurm, "n2", opts=("--no-requeue",))
+    _until_job(died, "FAILED n1")
+    _until_job(failed, "RUNNING n2")
+    subprocess.run(["scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=Not responding"],
+                   check=True)
+    _until_job(failed, "NODE_FAIL n2")
+    sink = SlurmSink()
+    for name, job in (("n1", died), ("n2", failed)):
+        res = sink.quarantine({**EVENT, "node": name, "slurm_jobs": [job]})
+        assert res.ok, res.detail
+        assert node(name) == (True, "lightkeeper(train): dead_rank finding 7 replica_group 2")
+
+
+def test_a_requeued_job_is_retried_and_a_job_gone_from_a_down_node_said(slurm, monkeypatch):
+    """The ranks' batch job on n2, requeued when its node failed (Slurm's JobRequeue): PENDING
+    on no node, it may run there again, so the drain is retried, not refused for good. Once it
+    is gone (cancelled) and the node DOWN again, the drain is refused for good, the detail
+    saying what Slurm shows and that a job of ours that left it is the operator's to drain."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    _free_nodes(slurm)
+    ours = _sbatch(slurm, "n2")
+    _until_job(ours, "RUNNING n2")
+    down = ["scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=Not responding"]
+    subprocess.run(down, check=True)
+    _until_job(ours, "PENDING")
+    sink = SlurmSink()
+    res = sink.quarantine({**EVENT, "slurm_jobs": [ours, "99999"]})
+    assert (res.ok, res.retry, res.detail) == (
+        False, True, f"node n2 runs no job {','.join(sorted([ours, '99999']))} of this job now, "
+                     f"Slurm shows job {ours} PENDING on no node: retried while it waits")
+    subprocess.run(["scancel", ours], check=True)
+    _until_job(ours, "CANCELLED")
+    # the DOWN killing the job got slurmd to register again, which ReturnToService=2 returned
+    deadline = time.monotonic() + 15
+    while _nodes(slurm)["n2"].startswith("DOWN"):
+        assert time.monotonic() < deadline, _nodes(slurm)
+        time.sleep(0.1)  # polling the controller, with a deadline
+    subprocess.run(down, check=True)  # the host dropped off again, with no job on it
+    res = sink.quarantine({**EVENT, "slurm_jobs": [ours]})
+    assert (res.ok, res.retry, res.detail) == (
+        False, False, f"node n2 (DOWN: Not responding) runs no job {ours} of this job, Slurm "
+                      f"shows job {ours} CANCELLED on no node: claim not verified; if the job "
+                      "ran there, drain it by hand")
+    assert not node("n2")[0]
 
 
 def test_a_node_that_runs_no_job_of_the_ranks_is_never_drained(slurm, monkeypatch, tmp_path):
@@ -183,8 +273,7 @@ def test_a_node_that_runs_no_job_of_the_ranks_is_never_drained(slurm, monkeypatc
     controller is retried; a release needs no job."""
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
-    subprocess.run(["scancel", *_jobs(slurm)], check=True)
-    _until_nodes_idle(slurm, time.monotonic() + 15, "the Slurm nodes were not IDLE again")
+    _free_nodes(slurm)
     ours, theirs = _sbatch(slurm, "n1"), _sbatch(slurm, "n2", "runuser", "-u", "nobody", "--")
     deadline = time.monotonic() + 15
     while _jobs(slurm) != {ours: "RUNNING n1", theirs: "RUNNING n2"}:
@@ -195,7 +284,13 @@ def test_a_node_that_runs_no_job_of_the_ranks_is_never_drained(slurm, monkeypatc
     for claim in ("n2", "n2.siteb"):
         res = sink.quarantine({**ev, "node": claim})
         assert (res.ok, res.retry) == (False, False), res
-        assert res.detail == f"node n2 runs no job {ours} of this job: claim not verified"
+        assert res.detail == (f"node n2 runs no job {ours} of this job, Slurm shows job {ours} "
+                              "RUNNING on n1: claim not verified; if the job ran there, drain it "
+                              "by hand")
+    res = sink.quarantine({**ev, "node": "n2", "slurm_jobs": ["99999", "1;x"]})
+    assert (res.ok, res.retry, res.detail) == (
+        False, False, "node n2 runs no job 1;x,99999 of this job, unknown to Slurm: claim not "
+                      "verified")
     res = sink.quarantine({**ev, "node": "n1", "slurm_jobs": []})
     assert (res.ok, res.retry, res.detail) == (
         False, False, "node n1 runs no job (none reported) of this job: claim not verified")
@@ -207,8 +302,8 @@ def test_a_node_that_runs_no_job_of_the_ranks_is_never_drained(slurm, monkeypatc
     with monkeypatch.context() as m:
         m.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
         res = sink.quarantine({**ev, "node": "n1"})
-    assert not res.ok and res.retry and res.detail.startswith("cannot read the node's jobs: "
-                                                              "squeue -h -w n1 -o %A exited 1")
+    assert not res.ok and res.retry and res.detail.startswith(
+        "cannot read the node's jobs: squeue -h -t all -w n1 -o %A %i %T %N exited 1")
     assert node("n1") == (False, "")
     res = sink.quarantine({**ev, "node": "n1"})
     assert res.ok, res.detail

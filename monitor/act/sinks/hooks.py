@@ -34,6 +34,9 @@ MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEP
 MONITOR_URLS = ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_ETCD")
 EVENT_HEADER = "X-Lightkeeper-Event"
 SCONTROL, SQUEUE = "scontrol", "squeue"
+# a requeued job waits on no node, and may run on its old one again (str.startswith: REQUEUED,
+# REQUEUE_HOLD, REQUEUE_FED)
+REQUEUED = ("PENDING", "CONFIGURING", "REQUEUE")
 
 log = logging.getLogger(__name__)
 
@@ -241,11 +244,42 @@ class SlurmSink:
         return res
 
     def _runs_job(self, node: str, ids: list) -> ActionResult | None:
-        """None when Slurm runs one of the ranks' jobs ``ids`` on ``node``, else the failed
+        """None when Slurm lists one of the ranks' jobs ``ids`` on ``node``, else the failed
         attempt: a rank's claim (a misset NODE_NAME, a stale one, a first label naming another
-        cluster's node) must not drain another user's node. As k8s checks for a pod."""
-        ids = [str(i) for i in ids]
-        argv = [SQUEUE, "-h", "-w", node, "-o", "%A"]  # -j with one unknown id exits 1
+        cluster's node) must not drain another user's node. As k8s checks for a pod. Retried
+        while one of them waits requeued, on no node yet: it may come back there."""
+        ids = {str(i) for i in ids}
+        on = self._squeue("-w", node)
+        if isinstance(on, ActionResult):
+            return on
+        if any(ids & keys for keys, _, _ in on):
+            return None
+        asked = sorted(i for i in ids if re.fullmatch(r"[0-9]{1,20}", i))  # argv: numbers only
+        known = self._squeue(f"--jobs={','.join(asked)}") if asked else []
+        if isinstance(known, ActionResult):
+            return known
+        seen = [(state, shown) for keys, state, shown in known if ids & keys]
+        named = ",".join(sorted(ids)) or "(none reported)"
+        said = f", Slurm shows job {'; '.join(s for _, s in seen)}" if seen else \
+            ", unknown to Slurm" if ids else ""
+        if any(state.startswith(REQUEUED) for state, _ in seen):
+            return ActionResult(False, f"node {node} runs no job {named} of this job now{said}: "
+                                       "retried while it waits", retry=True)
+        p = self._show(node)
+        flags, why = ([], "") if isinstance(p, ActionResult) or p.returncode else \
+            _state(p.stdout)
+        down = f" (DOWN: {why or 'no reason given'})" if "DOWN" in flags else ""
+        # a job that left a failed node reads as a misclaim: its operator tells them apart
+        hint = "; if the job ran there, drain it by hand" if seen or down else ""
+        return ActionResult(False, f"node {node}{down} runs no job {named} of this job{said}: "
+                                   f"claim not verified{hint}", retry=False)
+
+    def _squeue(self, *which: str) -> list[tuple[set[str], str, str]] | ActionResult:
+        """Slurm's jobs ``which`` selects in any state (one that ended, its rank dead or its node
+        failed, is listed for MinJobAge): the ids a rank may report for each (a heterogeneous
+        job's part ``15`` is ``14+1``, its ranks' SLURM_JOB_ID ``14``), its state, and how the
+        detail shows it; or the failed attempt."""
+        argv = [SQUEUE, "-h", "-t", "all", *which, "-o", "%A %i %T %N"]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, errors="replace",
                                timeout=self.timeout_s)
@@ -255,15 +289,16 @@ class SlurmSink:
         except (OSError, subprocess.SubprocessError) as e:
             return ActionResult(False, f"cannot read the node's jobs: {e}",
                                 retry=not isinstance(e, (PermissionError, FileNotFoundError)))
+        if "Invalid job id" in p.stderr:  # -j with one id, unknown to Slurm, exits 1
+            return []
         if p.returncode:
             err = redact_shown(p.stderr.strip() or p.stdout).strip()[-300:]
             return ActionResult(False, f"cannot read the node's jobs: {' '.join(argv)} exited "
                                        f"{p.returncode}: {err}",
                                 retry=not _for_good(f"{p.stdout}\n{p.stderr}"))
-        if set(ids) & set(p.stdout.split()):
-            return None
-        return ActionResult(False, f"node {node} runs no job {','.join(ids) or '(none reported)'}"
-                                   " of this job: claim not verified", retry=False)
+        rows = [w + [""] * (4 - len(w)) for w in map(str.split, p.stdout.splitlines()) if w]
+        return [({w[0], w[1].partition("+")[0]} - {""}, w[2], f"{w[1] or w[0]} {w[2]} on "
+                 f"{w[3] or 'no node'}") for w in rows]
 
     def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult | None:
         """(Slurm's name of ``node``, possibly its FQDN's first label; how it is held:
