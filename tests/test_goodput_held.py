@@ -60,23 +60,30 @@ def test_a_hang_held_at_a_kill_stalls_the_job_as_its_own_not_as_that_kills_recov
     check_counted(job, led)
 
 
-def _held_straggler_and_killed_hang(after: float):
-    """Group 0's straggler held by the rails (never evicted) keeps the job at 0.5x; a hang in
-    group 2 is killed, the survivors still for longer than a window (the Lighthouse has not
-    dropped the killed group), then group 2 back and the job on at the straggler's 0.5x for
-    ``after`` s. Returns (job, ledger, seconds still, when the job went on)."""
-    job, led = healthy_ledger(groups=3, seconds=60)
-    s_on = job.t
-    job.groups[0]["struck"] = {"slow_compute": s_on + 0.05}
-    job.run(led, 5, pace=0.5)
-    job.finding("straggler", 0, first_seen=s_on + 0.1, confirmed_at=job.t, fid=1)
-    job.run(led, 30, pace=0.5)
+def _straggler_held_then_hang_killed(job, led, pace: float = 0.5):
+    """Group 0's straggler at ``pace``, held by the rails (never evicted), then a hang in
+    group 2 confirmed and killed. Returns the straggler's finding."""
+    on = job.t
+    job.groups[0]["struck"] = {"slow": on + 0.05}
+    job.run(led, 5, pace=pace)
+    strag = job.finding("straggler", 0, first_seen=on + 0.1, confirmed_at=job.t, fid=1)
+    job.run(led, 30, pace=pace)
     h = job.t
     job.run(led, 2, pace=0.0)
     hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
     job.sweep(led, pace=0.0)
     _confirmed_kill(job, 2, did=7, fid=2)
     job.findings.remove(hang)
+    return strag
+
+
+def _held_straggler_and_killed_hang(after: float):
+    """Group 0's straggler held by the rails (never evicted) keeps the job at 0.5x; a hang in
+    group 2 is killed, the survivors still for longer than a window (the Lighthouse has not
+    dropped the killed group), then group 2 back and the job on at the straggler's 0.5x for
+    ``after`` s. Returns (job, ledger, seconds still, when the job went on)."""
+    job, led = healthy_ledger(groups=3, seconds=60)
+    _straggler_held_then_hang_killed(job, led)
     still = int(led.to_json()["pace"]["window_s"]) + 3
     job.run(led, still, pace=0.0)
     # a straggler slows commits, it does not stop them: the stall is the kill's recovery
@@ -188,17 +195,7 @@ def test_a_straggler_held_at_a_kill_leaves_the_killed_groups_rejoin_pause_to_the
     heal, nobody committing for longer than a window: a straggler slows commits, it does not
     stop them, so that pause is the kill's recovery, which ends once the job goes on again."""
     job, led = compared_ledger(groups=3)
-    on = job.t
-    job.groups[0]["struck"] = {"slow": on + 0.05}
-    job.run(led, 5, pace=0.5)
-    job.finding("straggler", 0, first_seen=on + 0.1, confirmed_at=job.t, fid=1)
-    job.run(led, 30, pace=0.5)
-    h = job.t
-    job.run(led, 2, pace=0.0)
-    hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
-    job.sweep(led, pace=0.0)
-    _confirmed_kill(job, 2, did=7, fid=2)
-    job.findings.remove(hang)
+    _straggler_held_then_hang_killed(job, led)
     job.run(led, 2, pace=0.0)
     gone = job.t
     job.run(led, 2, pace=0.5)  # on without group 2
@@ -228,18 +225,8 @@ def _killed_beside_a_straggler(on_s: int, clear: bool = False):
     committing for longer than a window. Returns (ledger, the kill's incident before the
     rejoin, seconds healing, the sweep the survivors first committed)."""
     job, led = compared_ledger(groups=3)
-    on = job.t
-    job.groups[0]["struck"] = {"slow": on + 0.05}
     p = 1.0 if clear else 0.5
-    job.run(led, 5, pace=p)
-    strag = job.finding("straggler", 0, first_seen=on + 0.1, confirmed_at=job.t, fid=1)
-    job.run(led, 30, pace=p)
-    h = job.t
-    job.run(led, 2, pace=0.0)
-    hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
-    job.sweep(led, pace=0.0)
-    _confirmed_kill(job, 2, did=7, fid=2)
-    job.findings.remove(hang)
+    strag = _straggler_held_then_hang_killed(job, led, pace=p)
     job.run(led, 2, pace=0.0)
     went_on = job.t + 1
     job.run(led, on_s, pace=p)
