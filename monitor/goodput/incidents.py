@@ -198,11 +198,9 @@ class Incidents(dict[int, Incident]):
         self.on_open(inc)
         return inc
 
-    def follow(self, in_quorum: set[int], now: float, job: JobPace,
-               last_commit_at: float | None) -> None:
+    def follow(self, in_quorum: set[int], now: float, job: JobPace) -> None:
         """Rejoined, back at pace (or settled), closed: acted on, back at pace and the group
-        back in the quorum, the job committed since a killed group's rejoin (its heal's pause
-        is the kill's recovery: :meth:`rejoining`)."""
+        back in the quorum."""
         b = job.baseline  # before a settle moves it
         settled = job.track_steady(now, [i for i in self.open() if i.waiting],
                                    self.open_findings)
@@ -223,8 +221,7 @@ class Incidents(dict[int, Incident]):
                     inc.settled_step_s = round(settled[1], 4)
                     changed = True
             acted = inc.evicted_at is not None or inc.resolved_at is not None
-            back_in = inc.replica_group is None or inc.replica_group in in_quorum and (
-                inc.rejoined_at is None or (last_commit_at or 0.0) >= inc.rejoined_at)
+            back_in = inc.replica_group is None or inc.replica_group in in_quorum
             if inc.back_to_pace_at is not None and acted and back_in:
                 # its cost in group-steps stays what it was, however the baseline moves on
                 inc.closed_at, inc.closed_step_s, changed = now, b, True
@@ -248,15 +245,6 @@ class Incidents(dict[int, Incident]):
         """The latest evicted incident whose job is not back at pace by ``t``."""
         return max((i for i in self.open() if i.evicted_at is not None and i.evicted_at < t
                     and i.back_to_pace_at is None), key=lambda i: i.evicted_at, default=None)
-
-    def rejoining(self, in_quorum: set[int]) -> Incident | None:
-        """The latest open kill whose group is back in the quorum as a new incarnation: until
-        the job commits again (:meth:`follow` closes it), the pause of its heal."""
-        S = self.slots
-        return max((i for i in self.open() if i.evicted_at is not None
-                    and i.replica_group in in_quorum
-                    and S.rid[S.index[i.replica_group]] != i.replica_id),
-                   key=lambda i: i.evicted_at, default=None)
 
     def unacted(self, t: float) -> list[Incident]:
         """Open incidents not acted on by ``t``: findings open, no eviction before ``t`` (the

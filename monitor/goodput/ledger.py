@@ -104,7 +104,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
         acct.expected_groups = self.expected_groups  # also where not accounted (metrics)
-        self.incidents.follow(in_quorum, now, self.job, self.last_commit_at)
+        self.incidents.follow(in_quorum, now, self.job)
         self.job.sample(now, self.incidents.unsettled(now, self.job.horizon))
         self._settle(now, acct)
         acct.group_goodput_ratio, acct.job_goodput_ratio = self.slots.ratios()
@@ -221,14 +221,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= window)
         drag, other = incs.explaining(True, now), incs.explaining(False, now)
-        # a killed group back, healing: the pause is the kill's, unless a fault may stop commits
-        recovering = incs.recovering(now) or (None if other else incs.rejoining(in_quorum))
+        recovering = incs.recovering(now)
         idle = not job_moved and not committed
         # the pace window never reaches back across the onset of an incident not acted on
         cuts = [i.onset_at for i in incs.unacted(now) if now - window < i.onset_at < now]
         self.judged.drop_before(now - self.job.horizon)
+        # only a slowdown open: a whole-window stall is its idle drag, until the job commits again
+        keep = drag is not None and other is None
         if stall and recovering is None:  # only a fault that may stop commits holds a stall
-            self._pending_to_stall(other)
+            self._pending_to_stall(other, keep)
         slow = False
         if cuts:
             window = min(window, now - max(cuts))
@@ -253,7 +254,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
             if len(below):
                 if recovering is not None:
                     cause, inc = "recovery", recovering
-                elif stall:
+                elif stall and not keep:
                     cause, inc = "stall", other
                 elif idle and other is not None:  # a straggler slows, never stops
                     cause, inc = "stall", other
@@ -360,11 +361,12 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         return any(r.reachable and r.state and r.replica_id not in rids
                    for r in view.ranks.values())
 
-    def _pending_to_stall(self, inc: Incident | None) -> None:
+    def _pending_to_stall(self, inc: Incident | None, keep: bool = False) -> None:
+        """``keep``: only a slowdown open, whose idle drag stays provisionally its own (a later
+        hang's to claim until the job commits again, else the slowdown's)."""
         for r in self.runs:
-            if (r.cause == PENDING or self._provisional(r)) and self.last_commit_at is not None \
-                    and r.t0 >= self.last_commit_at - 1e-9:
-                # a slowdown's idle drag: no longer its own, a later fault's to claim
+            if (r.cause == PENDING or not keep and self._provisional(r)) \
+                    and self.last_commit_at is not None and r.t0 >= self.last_commit_at - 1e-9:
                 r.cause, r.incident, r.finding_id, r.eviction_id = "stall", None, None, None
                 _link(r, inc)
 

@@ -13,8 +13,7 @@ slow commits are its drag (``_explaining``, ``_provisional``, ``_claim_unsettled
 same fault confirmed again (``_ingest_findings``), and an eviction with no finding (manual) of
 an incarnation with an open incident not yet evicted is that incident's (``_ingest_evictions``);
 a fault confirmed during an eviction's recovery ends it, one held since before the kill once
-the kill's own part is over, but for the killed group's rejoin where a slowdown is held
-(``_end_recoveries``), and a job down
+the kill's own part is over (``_end_recoveries``), and a job down
 after a kill, not yet back, loses capacity on it (``_account_down``). And one of no behaviour:
 the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do.
 And: a commit the ranks date at or before the previous sweep is dated at the sweep that saw it
@@ -620,11 +619,6 @@ class GoodputLedger:
         other = self._explaining(now, straggler=False)
         stall_cause = other  # a slowdown, or a group out of the quorum, stops no commits
         recovering = self._recovering(now)
-        if recovering is None and other is None:  # a killed group back, healing: the kill's
-            rejoining = [i for i in self._open_incidents() if i.evicted_at is not None
-                         and i.replica_group in in_quorum
-                         and self.groups[i.replica_group].replica_id != i.replica_id]
-            recovering = max(rejoining, key=lambda i: i.evicted_at) if rejoining else None
         idle = not job_moved and not any(deltas.get(g, 0) for g in inside)
         # the pace window never reaches back across the onset of an incident not yet acted on
         cuts = [i.onset_at for i in self._open_incidents()
@@ -636,8 +630,10 @@ class GoodputLedger:
             judged = grp.judged
             while judged and judged[0][1] < judged_from:
                 judged.popleft()
+        # only a slowdown open: its idle drag stays its own until the job commits again
+        keep = straggler is not None and other is None
         if stall and recovering is None:
-            self._pending_to_stall(stall_cause)
+            self._pending_to_stall(stall_cause, keep)
         slow = False
         window = self.window if cut is None else min(self.window, now - cut)
         for g in inside:
@@ -660,7 +656,7 @@ class GoodputLedger:
                 continue
             if recovering is not None:
                 cause, inc = "recovery", recovering
-            elif stall:
+            elif stall and not keep:
                 cause, inc = "stall", stall_cause
             elif idle and other is not None:  # stalling, with a fault that stops commits open
                 cause, inc = "stall", other  # before a straggler: a straggler slows, never stops
@@ -762,10 +758,12 @@ class GoodputLedger:
             self._badput(t0, t1, None, "capacity_lost", lost * unseen, self._default_gpus(),
                          None, acct)
 
-    def _pending_to_stall(self, inc: Incident | None) -> None:
-        """Pending slow time since the last commit was the stall's beginning."""
+    def _pending_to_stall(self, inc: Incident | None, keep: bool = False) -> None:
+        """Pending slow time since the last commit was the stall's beginning (and a slowdown's
+        idle drag, unless ``keep``: only a slowdown open)."""
         for s in self.unsettled:
-            if (s.cause == PENDING or self._provisional(s)) and self.last_commit_at is not None \
+            if (s.cause == PENDING or not keep and self._provisional(s)) \
+                    and self.last_commit_at is not None \
                     and s.t0 >= self.last_commit_at - 1e-9:
                 s.cause, s.incident, s.finding_id, s.eviction_id = "stall", None, None, None
                 self._link(s, inc)
@@ -827,9 +825,7 @@ class GoodputLedger:
                     and inc.replica_group in in_quorum \
                     and self.groups[inc.replica_group].replica_id != inc.replica_id:
                 inc.rejoined_at, changed = now, True
-            # back in: and, a killed group, the job committed since its rejoin (the heal's)
-            back_in = inc.replica_group is None or inc.replica_group in in_quorum and (
-                inc.rejoined_at is None or (self.last_commit_at or 0.0) >= inc.rejoined_at)
+            back_in = inc.replica_group is None or inc.replica_group in in_quorum
             if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
                 back = self._back_at(hist, inc.search_from, now, b)
                 if back is not None:
