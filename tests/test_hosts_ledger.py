@@ -11,6 +11,7 @@ from types import SimpleNamespace as NS
 import pytest
 from prometheus_client import generate_latest
 
+from monitor.act.host_actions import monitor_identity
 from monitor.act.hosts import HostLedger, protected_hosts
 from monitor.act.sinks import ActionResult
 from monitor.act.sinks.hooks import ExecSink
@@ -545,6 +546,47 @@ def test_an_old_jobs_release_still_retried_is_not_dropped_for_a_new_jobs_quarant
     assert sorted((a["op"], a["event"]["job"], a["status"]) for a in store.host_actions()) == [
         ("quarantine", "alpha", "done"), ("quarantine", "beta", "done"),
         ("release", "alpha", "done"), ("release", "beta", "done")]
+
+
+def test_an_old_shards_release_still_retried_is_not_dropped_for_a_new_shards_quarantine(
+        tmp_path):
+    """The same across a --shards change of one job: h1 quarantined by shard 0/2 (entry
+    train/shard0), its release retried while slurmctld is away when the unsharded monitor on
+    that state quarantines h1 again (entry train): shard 0's release must still reach the sink,
+    else train/shard0's drain stays for good."""
+
+    class Slurm(RecordingSink):  # releases fail (retryable) while ``down``
+        down, per_job = False, True
+
+        def release(self, event):
+            self.calls.append(event)
+            return ActionResult(False, "slurmctld away") if self.down else ActionResult(True, "ok")
+
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    cfg = QuarantineConfig(max_quarantined=4)
+    sharded = HostLedger(store, cfg, [Slurm()], "train", clock)
+    sharded.sender = monitor_identity("m", "0/2")
+    sharded.record([finding("hang", "h1", 1)], clock())
+    sharded.decide(clock(), None, 40)
+    sharded.run_actions(clock())
+    sink = Slurm()
+    sink.down = True
+    whole = HostLedger(store, cfg, [sink], "train", clock)
+    whole.sender = monitor_identity("m", None)
+    whole.release("h1", "fixed")
+    whole.run_actions(clock())
+    clock.t += 10_000  # past the released window
+    whole.decide(clock(), None, 40)
+    whole.record([finding("hang", "h1", 2)], clock())
+    assert [d["decision"] for d in whole.decide(clock(), None, 40)] == ["quarantine"]
+    sink.down = False
+    clock.t += 1000
+    whole.run_actions(clock())
+    assert sorted((e["event"], e["shard"]) for e in sink.calls) == [
+        ("quarantine", None), ("release", "0/2"), ("release", "0/2")]
+    assert sorted((a["op"], a["status"]) for a in store.host_actions()) == [
+        ("quarantine", "done"), ("quarantine", "done"), ("release", "done")]
 
 
 def test_a_hooks_old_release_is_overtaken_by_another_jobs_quarantine(tmp_path):

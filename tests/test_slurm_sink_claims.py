@@ -211,6 +211,21 @@ def test_a_heterogeneous_jobs_part_holds_its_node_under_the_first_parts_id(slurm
     assert sink.release({**EVENT, "event": "release"}).ok and node("n2") == (False, "")
 
 
+def test_a_job_requeued_held_by_its_own_exit_code_is_retried(slurm, monkeypatch, tmp_path):
+    """A batch job requeued and held by its exit code (``SPECIAL_EXIT``, on no node): it may run
+    on that node again, so the drain is retried, not refused. squeue is a stand-in: the
+    loopback cluster has no job that exits so."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "squeue").write_text(
+        '#!/bin/sh\ncase "$*" in *--jobs*) echo "14 14 SPECIAL_EXIT " ;; esac\n')
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    res = SlurmSink().quarantine({**EVENT, "kind": "hang", "slurm_jobs": ["14"]})
+    assert (res.ok, res.retry) == (False, True), res.detail
+    assert "SPECIAL_EXIT" in res.detail and node("n2") == (False, "")
+
+
 def test_a_job_that_ended_on_the_node_a_moment_ago_still_holds_it(slurm, monkeypatch):
     """The ranks' job ended just before the drain: on n1 its rank died (FAILED), on n2 its node
     failed (DOWN, the job NODE_FAIL, not requeued). Slurm lists each there for MinJobAge: both

@@ -18,7 +18,7 @@ from monitor.config import QuarantineConfig, url_host_port
 from monitor.store import Store
 
 from .sinks import ActionResult, Sink
-from .sinks.base import sink_name
+from .sinks.base import event_shard, sink_name
 
 log = logging.getLogger(__name__)
 
@@ -196,13 +196,14 @@ class HostActions:
                         a["sink"]) or {}
                 if (known.get("id") or 0) > max((r["id"] for r in rows), default=0):
                     rows = self.store.host_actions()
-                # a per-job sink: only the same job's next action overtakes it, as another
-                # job's quarantine holds its own drain or taint; a hook holds one per host
+                # a per-job sink: only the same job's (and shard's) next action overtakes it,
+                # as another's quarantine holds its own drain or taint; a hook holds one per host
                 per_job = getattr(self._sink(a["sink"]), "per_job", False)
+                holder = (a["event"].get("job"), event_shard(a["event"]))
                 later = sorted((r for r in rows if r["host"] == a["host"]
                                 and r["sink"] == a["sink"] and r["id"] > a["id"]
-                                and (not per_job
-                                     or r["event"].get("job") == a["event"].get("job"))),
+                                and (not per_job or (r["event"].get("job"),
+                                                     event_shard(r["event"])) == holder)),
                                key=lambda r: r["id"])
                 if later:  # attempted or not, never carried out after the host's next action
                     self._supersede(a, later[0], settled)

@@ -48,3 +48,11 @@ def one_node(event: dict[str, Any]) -> str:
     if not NODE_NAME.fullmatch(node) or node.upper() == "ALL":
         raise ValueError(f"node {node!r} is not one node name: nothing done")
     return node
+
+
+def event_shard(event: dict[str, Any]) -> str:
+    """The shard index ("" unsharded) of the quarantine the event acts on, kept with the host
+    like its job (an event an older version queued: the sender's). Shards of one job (one ledger
+    each) hold their own drain entries and taints, a slice's holder and standby share theirs."""
+    shard = event["shard"] if "shard" in event else (event.get("monitor") or {}).get("shard")
+    return str(shard or "").partition("/")[0]

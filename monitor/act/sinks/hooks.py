@@ -24,8 +24,7 @@ import requests
 from http_serving import redact_url
 
 from ...config import url_host_port
-from .base import ActionResult, SinkConfigError, one_node, sink_name
-from .kubernetes import event_shard
+from .base import ActionResult, SinkConfigError, event_shard, one_node, sink_name
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
 MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
@@ -35,8 +34,8 @@ MONITOR_URLS = ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_ETCD")
 EVENT_HEADER = "X-Lightkeeper-Event"
 SCONTROL, SQUEUE = "scontrol", "squeue"
 # a requeued job waits on no node, and may run on its old one again (str.startswith: REQUEUED,
-# REQUEUE_HOLD, REQUEUE_FED)
-REQUEUED = ("PENDING", "CONFIGURING", "REQUEUE")
+# REQUEUE_HOLD, REQUEUE_FED); SPECIAL_EXIT is requeued and held too
+REQUEUED = ("PENDING", "CONFIGURING", "REQUEUE", "SPECIAL_EXIT")
 
 log = logging.getLogger(__name__)
 

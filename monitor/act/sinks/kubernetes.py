@@ -17,7 +17,7 @@ import re
 import time
 from typing import Any
 
-from .base import ActionResult, SinkConfigError, one_node
+from .base import ActionResult, SinkConfigError, event_shard, one_node
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,6 @@ def taint_key(job: str, shard: str = "") -> str:
     if job and part != job:
         part = f"{part[:room - 9]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
     return f"{TAINT_KEY}{tag}-{part}"
-
-
-def event_shard(event: dict[str, Any]) -> str:
-    """The shard index ("" unsharded) of the quarantine the event acts on, kept with the host
-    like its job (an event an older version queued: the sender's). Shards of one job (one ledger
-    each) hold their own drain entries and taints, a slice's holder and standby share theirs."""
-    shard = event["shard"] if "shard" in event else (event.get("monitor") or {}).get("shard")
-    return str(shard or "").partition("/")[0]
 
 
 class KubernetesSink:
