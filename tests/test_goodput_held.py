@@ -293,8 +293,9 @@ def test_a_job_slow_found_late_claims_its_idle_sweeps_as_drag_not_stall():
 @pytest.mark.parametrize("kind", ["straggler", "job_slow"])
 def test_a_held_slowdown_whose_steps_outlast_a_window_keeps_the_idle_time_between_them(kind):
     """Every step takes 6 s, longer than the window: whole windows without a commit while only
-    the slowdown is open (held, never evicted). Nothing else is wrong, so that idle time is the
-    slowdown's, not a stall tied to no incident."""
+    the slowdown is open (held, never evicted). All the badput is linked to the slowdown, none
+    to no incident, and most of it is its drag: the whole windows before its confirmation are
+    its `stall` (docs/goodput.md, Limits)."""
     from tests.test_goodput import STEP
     job, led = compared_ledger(groups=3)
     on = job.t
@@ -314,3 +315,26 @@ def test_a_held_slowdown_whose_steps_outlast_a_window_keeps_the_idle_time_betwee
     assert sum(slow["cost"]["by_cause"].values()) == pytest.approx(
         sum(bad.values()) + out["job"]["pending_seconds"]), (slow, bad)
     assert slow["cost"]["by_cause"]["straggler_drag"] > 0.8 * sum(bad.values())
+
+
+@pytest.mark.parametrize("det", [2, 8])
+def test_a_hang_during_a_held_slowdowns_long_step_stalls_from_its_onset_only(det):
+    """A held straggler's steps take 6 s (longer than a window); group 2 hangs 3 s after the
+    last commit and is confirmed ``det`` s later: its stall starts at its onset, and the 3 s
+    before it stay the straggler's drag (that step was slow anyway)."""
+    from tests.test_goodput import STEP
+    job, led = compared_ledger(groups=3)
+    on = job.t
+    job.run(led, 6, pace=STEP / 6.0)
+    job.finding("straggler", 1, first_seen=on + 0.1, confirmed_at=job.t, fid=1)
+    job.run(led, 30, pace=STEP / 6.0)
+    job.run(led, 3, pace=STEP / 6.0)
+    h = job.t
+    job.run(led, det, pace=0.0)
+    job.finding("hang", 2, first_seen=h, confirmed_at=job.t, fid=2)
+    job.run(led, 6, pace=0.0)
+    check_invariant(led)
+    check_counted(job, led)
+    incs = {i["kind"]: i for i in led.to_json()["incidents"]}
+    assert incs["hang"]["onset_at"] == pytest.approx(h, abs=1e-6)
+    assert incs["hang"]["cost"]["by_cause"]["stall"] == pytest.approx(3 * (job.t - h))

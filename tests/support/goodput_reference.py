@@ -760,11 +760,14 @@ class GoodputLedger:
 
     def _pending_to_stall(self, inc: Incident | None, keep: bool = False) -> None:
         """Pending slow time since the last commit was the stall's beginning (and a slowdown's
-        idle drag, unless ``keep``: only a slowdown open)."""
+        idle drag, unless ``keep``: only a slowdown open), but never a slowdown's drag from before
+        the hang's onset."""
         for s in self.unsettled:
             if (s.cause == PENDING or not keep and self._provisional(s)) \
                     and self.last_commit_at is not None \
-                    and s.t0 >= self.last_commit_at - 1e-9:
+                    and s.t0 >= self.last_commit_at - 1e-9 \
+                    and not (s.cause != PENDING and inc is not None
+                             and s.t1 <= inc.onset_at + 1e-9):
                 s.cause, s.incident, s.finding_id, s.eviction_id = "stall", None, None, None
                 self._link(s, inc)
 
