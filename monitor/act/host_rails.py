@@ -1,15 +1,16 @@
 """What holds a host's offence or quarantine back, on the job's own evidence: the Lighthouse's
 word before a ``dead`` finding counts (:class:`DeadGroups`; none where the host refused the
-connections: :func:`refused_on`) and ``--min-replicas`` before a
-quarantine drains groups of the quorum (:func:`protected_hosts`; :func:`drained_groups` for
-the eviction rail). See docs/quarantine.md.
+connections: :func:`refused_on`), the rails before a quarantine (:func:`holding_rail`) and
+``--min-replicas`` among them (:func:`protected_hosts`; :func:`drained_groups` for the eviction
+rail). See docs/quarantine.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
+from monitor.config import QuarantineConfig
 from monitor.detect import Finding
 from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView
@@ -57,6 +58,29 @@ class Protection(dict):
                 f"leaving {left}, fewer than --min-replicas {self.min_replicas}"
                 + (f" (group(s) {sorted(down)} down already: quarantined or evicted)"
                    if down else ""))
+
+
+def holding_rail(cfg: QuarantineConfig, host: str, down: set[str], blind: str | None,
+                 known: int, protected: Callable[[], dict[str, str]],
+                 evicted: Callable[[], set[str]]) -> tuple[str, str] | None:
+    """The first rail (name, detail) holding ``host``'s quarantine, ``down`` out; or None."""
+    n, cap = len(down), cfg.cap(known)
+    if blind:
+        return "monitor_blind", blind
+    p = protected()
+    why = p.why(host, down, evicted()) if isinstance(p, Protection) else p.get(host)
+    if why is not None:
+        return "min_replicas", why
+    if n + 1 >= known:
+        return "no_other_host", (f"quarantining {host} would leave none of the {known} "
+                                 f"host(s) the monitor knows to run on ({n} quarantined "
+                                 "already): the restarted group would come back on it")
+    if n >= cap:
+        return "cap", (f"{n} host(s) quarantined already, the cap (--max-quarantined "
+                       f"{cfg.max_quarantined:g} of {known} known host(s)) is {cap}")
+    if cfg.dry_run:
+        return "dry_run", "--quarantine-dry-run or --dry-run: decided, nothing done"
+    return None
 
 
 def refused_on(f: dict[str, Any], ranks: Iterable[int]) -> bool:

@@ -22,7 +22,7 @@ from monitor.detect import Finding
 from monitor.store import Store
 
 from .host_actions import HostActions, failing_actions
-from .host_rails import DeadGroups, Protection, protected_hosts, refused_on
+from .host_rails import DeadGroups, Protection, holding_rail, protected_hosts, refused_on
 from .sinks import Sink
 
 __all__ = ["DeadGroups", "HostLedger", "Protection", "culprit_hosts", "failing_actions",
@@ -37,8 +37,7 @@ HOST_KINDS = ("network", "dead")
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """host -> {node, devices (labels), ranks} from a finding's ``evidence.culprits`` (hostless
-    skipped)."""
+    """host -> {node, devices, ranks, slurm_jobs} of a finding's culprits (hostless skipped)."""
     out: dict[str, dict[str, Any]] = {}
     for c in (finding.get("evidence") or {}).get("culprits") or ():
         host = c.get("host")
@@ -62,6 +61,24 @@ def device_label(d: Any) -> str:
     if d.get("type") == "cuda":
         return f"cuda:{d.get('index')}" + (f" {d['uuid']}" if d.get("uuid") else "")
     return str(d.get("type", "?"))
+
+
+def set_state(h: dict[str, Any], state: str, now: float) -> None:
+    if h.get("state") != state:
+        h["state"], h["state_since"] = state, now
+
+
+@contextlib.contextmanager
+def kept_unless_written(h: dict[str, Any]) -> Iterator[None]:
+    """``h`` as it was if the block raises: a decision the audit log refused (a full disk)
+    changes nothing, so the next sweep or POST makes it again."""
+    before = copy.deepcopy(h)
+    try:
+        yield
+    except BaseException:
+        h.clear()
+        h.update(before)
+        raise
 
 
 class HostLedger(HostActions):
@@ -206,10 +223,10 @@ class HostLedger(HostActions):
                 self._unwritten = todo[i:]
                 # one transaction: an offence whose host row a kill lost would be read after a
                 # restart as seen before it, and the host, with no row, never judged
-                with self._kept_unless_written(h), self.store.atomic():
+                with kept_unless_written(h), self.store.atomic():
                     self.store.add_host_offence(host, at, f["kind"], f.get("id"), data)
                     if counts and h["state"] in (OK, RELEASED):
-                        self._set_state(h, SUSPECT, now)
+                        set_state(h, SUSPECT, now)
                     self._save(h, now)
                 self._unwritten = todo[i + 1:]
                 if again:
@@ -254,7 +271,7 @@ class HostLedger(HostActions):
                     out.append(self._release(h, now, "ttl", f"quarantine TTL "
                                              f"({self.cfg.ttl_s:g}s) expired"))
                 elif h["state"] == RELEASED and now - h["state_since"] >= self.cfg.window_s:
-                    self._set_state(h, OK, now)  # offences before a release no longer count
+                    set_state(h, OK, now)  # offences before a release no longer count
                     self._save(h, now)
             for h in list(self.hosts.values()):
                 if h["state"] != SUSPECT:
@@ -265,7 +282,7 @@ class HostLedger(HostActions):
                              if self.cfg.after.get(k, 0) >= 1 and n >= self.cfg.after[k])
                 if not due:
                     if not offences:
-                        self._set_state(h, OK, now)
+                        set_state(h, OK, now)
                         self._save(h, now)
                     self._held.pop(h["host"], None)
                     continue
@@ -274,7 +291,8 @@ class HostLedger(HostActions):
                                                         if k in self.cfg.after},
                             "window_s": self.cfg.window_s,
                             "offences": [{"at": o["at"], **o["data"]} for o in offences[:20]]}
-                rail = self._rail(h["host"], blind, known, protected, evicted, now)
+                rail = holding_rail(self.cfg, h["host"], self._down(h["host"], now), blind,
+                                    known, protected, evicted)
                 summary = f"{counts[kind]} {kind} finding(s) within {self.cfg.window_s:g}s " \
                           f"(--quarantine-after {kind}={self.cfg.after[kind]})"
                 if rail is not None:
@@ -297,35 +315,11 @@ class HostLedger(HostActions):
                 out.append(self._quarantine(h, kind, summary, evidence, offences, now))
         return out
 
-    def _rail(self, host: str, blind: str | None, known: int,
-              protected: Callable[[], dict[str, str]], evicted: Callable[[], set[str]],
-              now: float) -> tuple[str, str] | None:
-        """(rail, detail) of the first rail that holds ``host``'s quarantine, or None. A dry
-        run counts the hosts it would have quarantined as quarantined."""
-        def out_of_service(x: dict[str, Any]) -> bool:
-            would = x.get("would_quarantine")
-            return x["state"] == QUARANTINED or (  # as long as a real one would last
-                self.cfg.dry_run and x["host"] != host and would is not None
-                and now - would["at"] < self.cfg.ttl_s)
-
-        down = {x["host"] for x in self.hosts.values() if out_of_service(x)}
-        n, cap = len(down), self.cfg.cap(known)
-        if blind:
-            return "monitor_blind", blind
-        p = protected()
-        why = p.why(host, down, evicted()) if isinstance(p, Protection) else p.get(host)
-        if why is not None:
-            return "min_replicas", why
-        if n + 1 >= known:
-            return "no_other_host", (f"quarantining {host} would leave none of the {known} "
-                                     f"host(s) the monitor knows to run on ({n} quarantined "
-                                     "already): the restarted group would come back on it")
-        if n >= cap:
-            return "cap", (f"{n} host(s) quarantined already, the cap (--max-quarantined "
-                           f"{self.cfg.max_quarantined:g} of {known} known host(s)) is {cap}")
-        if self.cfg.dry_run:
-            return "dry_run", "--quarantine-dry-run or --dry-run: decided, nothing done"
-        return None
+    def _down(self, host: str, now: float) -> set[str]:
+        """Hosts quarantined, and a dry run's would-be ones but ``host`` while a real one lasts."""
+        return {x["host"] for x in self.hosts.values() if x["state"] == QUARANTINED or (
+            self.cfg.dry_run and x["host"] != host and x.get("would_quarantine") is not None
+            and now - x["would_quarantine"]["at"] < self.cfg.ttl_s)}
 
     def held_back_on(self, f: dict[str, Any], evicted: Collection[str], now: float
                      ) -> str | None:
@@ -360,7 +354,7 @@ class HostLedger(HostActions):
         finding = {"id": last.get("finding_id"), "kind": kind,
                    "replica_group": last.get("replica_group"),
                    "replica_id": last.get("replica_id"), "ranks": last.get("ranks")}
-        with self._kept_unless_written(h), self.store.atomic():  # never without its actions
+        with kept_unless_written(h), self.store.atomic():  # never without its actions
             h.pop("hold", None)
             # the job and shard its drain entry and taint are keyed on: a later run on this
             # --state under another --job or --shard still releases them
@@ -372,7 +366,7 @@ class HostLedger(HostActions):
                                                  if o["data"].get("replica_id")}
                                                 | self._on_host(h["host"])),
                      released_at=None, release_reason=None)
-            self._set_state(h, QUARANTINED, now)
+            set_state(h, QUARANTINED, now)
             self.store.add_host_decision(host=h["host"], decision="quarantine", reason=kind,
                                          detail=summary, evidence=evidence, at=now)
             self._queue(h, "quarantine", kind, summary, finding, now)
@@ -395,12 +389,12 @@ class HostLedger(HostActions):
 
     def _release(self, h: dict[str, Any], now: float, why: str, detail: str
                  ) -> dict[str, Any]:
-        with self._kept_unless_written(h), self.store.atomic():  # never without its actions
+        with kept_unless_written(h), self.store.atomic():  # never without its actions
             # a host not quarantined (a failed release cleared) only has its release sent
             # again: one suspect again keeps its new offences counting
             if h["state"] == QUARANTINED:
                 h.update(released_at=now, release_reason=f"{why}: {detail}")
-                self._set_state(h, RELEASED, now)
+                set_state(h, RELEASED, now)
             self.store.add_host_decision(
                 host=h["host"], decision="release", reason=why, detail=detail,
                 evidence={"quarantined_at": h.get("quarantined_at"), "kind": h.get("kind")},
@@ -408,19 +402,6 @@ class HostLedger(HostActions):
             self._queue(h, "release", h.get("kind") or "", f"{why}: {detail}", None, now)
         log.warning("host %s released (%s): %s", h["host"], why, detail)
         return {"host": h["host"], "decision": "release", "reason": why, "detail": detail}
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _kept_unless_written(h: dict[str, Any]) -> Iterator[None]:
-        """``h`` as it was if the block raises: a decision the audit log refused (a full disk)
-        changes nothing, so the next sweep or POST makes it again."""
-        before = copy.deepcopy(h)
-        try:
-            yield
-        except BaseException:
-            h.clear()
-            h.update(before)
-            raise
 
     def group_findings(self, evidence: Any, now: float) -> list[Finding]:
         """A ``quarantined_host`` finding for each group with a rank on a quarantined host that
@@ -453,11 +434,6 @@ class HostLedger(HostActions):
                 out.append(Finding("quarantined_host", g, rid, [r.rank for r in ranks], ev,
                                    now, now))
         return out
-
-    @staticmethod
-    def _set_state(h: dict[str, Any], state: str, now: float) -> None:
-        if h.get("state") != state:
-            h["state"], h["state_since"] = state, now
 
     def _save(self, h: dict[str, Any], now: float) -> None:
         self.store.save_host(h["host"], h, now)

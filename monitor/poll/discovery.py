@@ -144,8 +144,7 @@ class Target:
     rank: int | None = None
     last_registered: float | None = None
     registered_as: str | None = None  # the URL as registered, when polled at a checked address
-    # the --job its /v1/state must name: file_sd and registered sources may list other jobs'
-    # ranks; --targets are the operator's own
+    # the --job its /v1/state must name: file_sd and registrations may list other jobs' ranks
     expect_job: str | None = None
 
 
@@ -164,6 +163,47 @@ def _identity(rank: Any) -> tuple | None:
     key = (s.get("host"), s.get("pid"), s.get("started_at"), s.get("replica_group"),
            s.get("rank"))
     return key if None not in key else None
+
+
+def _file_sd_groups(targets: list[Target], job: str | None, left_out: Collection[str]
+                    ) -> list[dict[str, Any]]:
+    """``targets`` as Prometheus file_sd groups; torch's server has no GET /metrics, and the
+    ``left_out`` (ended, or another job's: scraped under this job's label) are down."""
+    out = []
+    for t in targets:
+        if t.url.startswith(PREFIX) or t.url in left_out:
+            continue
+        labels = {"lightkeeper_source": t.source}
+        if t.job or job:
+            labels["job"] = t.job or job
+        if t.replica_group is not None:
+            labels["replica_group"] = str(t.replica_group)
+        if t.rank is not None:
+            labels["rank"] = str(t.rank)
+        # Prometheus takes host:port only ("not a valid hostname" else): the rest in labels
+        address, _, path = t.url.partition("://")[2].partition("/")
+        if path:
+            labels["__metrics_path__"] = f"/{path}/metrics"
+        out.append({"targets": [address], "labels": labels})
+    return out
+
+
+def _replace(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file renamed over it)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".lightkeeper-sd-", dir=directory)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600: Prometheus often runs as another user
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # else a power loss may leave the new name full of NULs
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 OTHER_JOBS_SAID = 20  # jobs whose refused ranks are logged (once each)
@@ -527,36 +567,14 @@ class Discovery:
                             if len(said) == OTHER_JOBS_SAID else "")
         self._other_job, self._written_for = other, None
 
-    def _file_sd_of(self, targets: list[Target]) -> list[dict[str, Any]]:
-        out = []
-        for t in targets:
-            # torch's server has no GET /metrics; an ended rank is down; another job's rank would
-            # be scraped under this job's label
-            if t.url.startswith(PREFIX) or t.url in self._ended or t.url in self._other_job:
-                continue
-            labels = {"lightkeeper_source": t.source}
-            job = t.job or self.job
-            if job:
-                labels["job"] = job
-            if t.replica_group is not None:
-                labels["replica_group"] = str(t.replica_group)
-            if t.rank is not None:
-                labels["rank"] = str(t.rank)
-            # Prometheus takes host:port only ("not a valid hostname" else): the rest in labels
-            rest = t.url.partition("://")[2]
-            address, _, path = rest.partition("/")
-            if path:
-                labels["__metrics_path__"] = f"/{path}/metrics"
-            out.append({"targets": [address], "labels": labels})
-        return out
-
     def write_file_sd(self, path: str) -> bool:
         """Atomically write the known set to ``path`` as Prometheus ``file_sd`` target groups
         when it changed; True if written. Raises OSError when the write fails."""
         current = self._current()
         if current is self._written_for and os.path.exists(path):
             return False
-        text = json.dumps(self._file_sd_of(current), sort_keys=True)  # the C encoder: no indent
+        left_out = self._ended | self._other_job
+        text = json.dumps(_file_sd_groups(current, self.job, left_out), sort_keys=True)  # C encoder
         if text == self._written and os.path.exists(path):
             self._written_for = current
             return False
@@ -566,19 +584,6 @@ class Discovery:
                 self._hold(path)
             except ConfigError as e:
                 raise OSError(str(e)) from None
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".lightkeeper-sd-", dir=directory)
-        try:
-            os.fchmod(fd, 0o644)  # mkstemp's 0600: Prometheus often runs as another user
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())  # else a power loss may leave the new name full of NULs
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        _replace(path, text)
         self._written, self._written_for = text, current
         return True
