@@ -508,26 +508,28 @@ def test_a_k8s_release_after_a_restart_under_another_job_lifts_the_taint(tmp_pat
     assert api.node["spec"]["unschedulable"] is False
 
 
+class FlakySlurm(RecordingSink):
+    """A per-job sink whose releases fail (retryable) while ``down``."""
+    down, per_job = False, True
+
+    def release(self, event):
+        self.calls.append(event)
+        return ActionResult(False, "slurmctld away") if self.down else ActionResult(True, "ok")
+
+
 def test_an_old_jobs_release_still_retried_is_not_dropped_for_a_new_jobs_quarantine(tmp_path):
     """h1 quarantined under job alpha; restarted under beta, its release (alpha's drain) is
     retried while slurmctld is away when beta quarantines h1 again. Beta's quarantine holds
     beta's own drain: alpha's release must still reach the sink, else alpha's drain stays."""
 
-    class Slurm(RecordingSink):  # releases fail (retryable) while ``down``
-        down, per_job = False, True
-
-        def release(self, event):
-            self.calls.append(event)
-            return ActionResult(False, "slurmctld away") if self.down else ActionResult(True, "ok")
-
     clock = Clock()
     store = Store(str(tmp_path / "m.sqlite"))
     cfg = QuarantineConfig(max_quarantined=4)
-    alpha = HostLedger(store, cfg, [Slurm()], "alpha", clock)
+    alpha = HostLedger(store, cfg, [FlakySlurm()], "alpha", clock)
     alpha.record([finding("hang", "h1", 1)], clock())
     alpha.decide(clock(), None, 40)
     alpha.run_actions(clock())
-    sink = Slurm()
+    sink = FlakySlurm()
     sink.down = True
     beta = HostLedger(store, cfg, [sink], "beta", clock)
     beta.release("h1", "fixed")
@@ -555,22 +557,15 @@ def test_an_old_shards_release_still_retried_is_not_dropped_for_a_new_shards_qua
     that state quarantines h1 again (entry train): shard 0's release must still reach the sink,
     else train/shard0's drain stays for good."""
 
-    class Slurm(RecordingSink):  # releases fail (retryable) while ``down``
-        down, per_job = False, True
-
-        def release(self, event):
-            self.calls.append(event)
-            return ActionResult(False, "slurmctld away") if self.down else ActionResult(True, "ok")
-
     clock = Clock()
     store = Store(str(tmp_path / "m.sqlite"))
     cfg = QuarantineConfig(max_quarantined=4)
-    sharded = HostLedger(store, cfg, [Slurm()], "train", clock)
+    sharded = HostLedger(store, cfg, [FlakySlurm()], "train", clock)
     sharded.sender = monitor_identity("m", "0/2")
     sharded.record([finding("hang", "h1", 1)], clock())
     sharded.decide(clock(), None, 40)
     sharded.run_actions(clock())
-    sink = Slurm()
+    sink = FlakySlurm()
     sink.down = True
     whole = HostLedger(store, cfg, [sink], "train", clock)
     whole.sender = monitor_identity("m", None)

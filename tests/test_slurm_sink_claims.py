@@ -192,18 +192,23 @@ def _until_job(job: str, shown: str) -> None:
         time.sleep(0.1)  # polling the controller, with a deadline
 
 
+def _stand_in_squeue(slurm, monkeypatch, tmp_path, cases: str) -> None:
+    """The cluster's environment with ``squeue`` a stand-in: a shell ``case`` on its arguments."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "squeue").write_text(f'#!/bin/sh\ncase "$*" in {cases} esac\n')
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
 def test_a_heterogeneous_jobs_part_holds_its_node_under_the_first_parts_id(slurm, monkeypatch,
                                                                           tmp_path):
     """A heterogeneous job 14's part 1, job 15 to Slurm, runs on n2; its ranks' SLURM_JOB_ID is
     the first part's 14: n2 is drained. squeue is a stand-in answering as Slurm 22.05 does for
     such a part (``%A`` 15, ``%i`` 14+1): the loopback cluster starts a hetjob only in its
     backfill pass, up to 30 s later."""
-    for k, v in slurm.items():
-        monkeypatch.setenv(k, v)
-    (tmp_path / "squeue").write_text(
-        '#!/bin/sh\ncase "$*" in *%i*) echo "15 14+1 RUNNING n2" ;; *) echo 15 ;; esac\n')
-    (tmp_path / "squeue").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    _stand_in_squeue(slurm, monkeypatch, tmp_path,
+                     '*%i*) echo "15 14+1 RUNNING n2" ;; *) echo 15 ;;')
     sink = SlurmSink()
     res = sink.quarantine({**EVENT, "kind": "hang", "slurm_jobs": ["14"]})
     assert res.ok, res.detail
@@ -215,12 +220,7 @@ def test_a_job_requeued_held_by_its_own_exit_code_is_retried(slurm, monkeypatch,
     """A batch job requeued and held by its exit code (``SPECIAL_EXIT``, on no node): it may run
     on that node again, so the drain is retried, not refused. squeue is a stand-in: the
     loopback cluster has no job that exits so."""
-    for k, v in slurm.items():
-        monkeypatch.setenv(k, v)
-    (tmp_path / "squeue").write_text(
-        '#!/bin/sh\ncase "$*" in *--jobs*) echo "14 14 SPECIAL_EXIT " ;; esac\n')
-    (tmp_path / "squeue").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    _stand_in_squeue(slurm, monkeypatch, tmp_path, '*--jobs*) echo "14 14 SPECIAL_EXIT " ;;')
     res = SlurmSink().quarantine({**EVENT, "kind": "hang", "slurm_jobs": ["14"]})
     assert (res.ok, res.retry) == (False, True), res.detail
     assert "SPECIAL_EXIT" in res.detail and node("n2") == (False, "")
