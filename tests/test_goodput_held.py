@@ -29,6 +29,16 @@ def _confirmed_kill(job, g: int, did: int, fid: int) -> None:
     job.evictions[-1]["status"] = "confirmed"
 
 
+def _hang_killed(job, led, g: int, still: int) -> None:
+    """A hang in group ``g``: nobody commits for ``still`` sweeps, it is confirmed, then killed."""
+    h = job.t
+    job.run(led, still, pace=0.0)
+    hang = job.finding("hang", g, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
+    job.sweep(led, pace=0.0)
+    _confirmed_kill(job, g, did=7, fid=2)
+    job.findings.remove(hang)
+
+
 def test_a_hang_held_at_a_kill_stalls_the_job_as_its_own_not_as_that_kills_recovery():
     """Hangs in groups 2 (B) and 3 (A) confirmed together; A is killed, B's kill held 30 s
     while B's hang keeps the job still."""
@@ -68,12 +78,7 @@ def _straggler_held_then_hang_killed(job, led, pace: float = 0.5):
     job.run(led, 5, pace=pace)
     strag = job.finding("straggler", 0, first_seen=on + 0.1, confirmed_at=job.t, fid=1)
     job.run(led, 30, pace=pace)
-    h = job.t
-    job.run(led, 2, pace=0.0)
-    hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
-    job.sweep(led, pace=0.0)
-    _confirmed_kill(job, 2, did=7, fid=2)
-    job.findings.remove(hang)
+    _hang_killed(job, led, 2, still=2)
     return strag
 
 
@@ -169,12 +174,7 @@ def test_a_fault_that_cannot_stop_commits_held_at_a_kill_takes_no_stall_of_it(ki
         job.finding(kind, 0, first_seen=job.t - 4, confirmed_at=job.t, fid=1)
     job.run(led, 2, pace=0.6 if kind == "job_slow" else 1.0)
     in_quorum = sum(s["in"] for s in job.groups.values())
-    h = job.t
-    job.run(led, 3, pace=0.0)
-    hang = job.finding("hang", 3, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
-    job.sweep(led, pace=0.0)
-    _confirmed_kill(job, 3, did=7, fid=2)
-    job.findings.remove(hang)
+    _hang_killed(job, led, 3, still=3)
     still = int(led.to_json()["pace"]["window_s"]) + 6
     job.run(led, still, pace=0.0)
     job.run(led, 20)
@@ -255,12 +255,7 @@ def test_a_hangs_stall_before_its_confirmation_is_its_own_beside_a_slowdown(kind
                              "ranks": [], "evidence": {}, "first_seen": job.t,
                              "confirmed_at": job.t + 1})
     job.run(led, 10, pace=1.0 if kind is None else 0.6)
-    h = job.t
-    job.run(led, 10, pace=0.0)
-    hang = job.finding("hang", 2, first_seen=h + 0.1, confirmed_at=job.t, fid=2)
-    job.sweep(led, pace=0.0)
-    _confirmed_kill(job, 2, did=7, fid=2)
-    job.findings.remove(hang)
+    _hang_killed(job, led, 2, still=10)
     job.run(led, 20, pace=1.0 if kind is None else 0.6)
     check_invariant(led)
     check_counted(job, led)
