@@ -62,15 +62,16 @@ class Monitor:
             log.warning("%s", warning)
         clock = clock or steady_clock()
         self.cfg, self.clock = cfg, clock
-        # first: a second monitor on this state touches nothing of it (the bundles' prune)
+        sinks = build_sinks(cfg)  # a refused --action leaves no --state file (or folder) made
+        # then: a second monitor on this state touches nothing of it (the bundles' prune)
         self._state_lock = hold_state(cfg.state_path)
         try:
-            self._build(cfg, clock)
+            self._build(cfg, clock, sinks)
         except BaseException:
             self._release_state()
             raise
 
-    def _build(self, cfg: MonitorConfig, clock) -> None:
+    def _build(self, cfg: MonitorConfig, clock, sinks: list) -> None:
         self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job,
                                    max_targets=cfg.max_targets)
         if cfg.sd_out:
@@ -111,7 +112,7 @@ class Monitor:
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
-        self.hosts = HostLedger(self.store, cfg.quarantine, build_sinks(cfg), cfg.job, clock)
+        self.hosts = HostLedger(self.store, cfg.quarantine, sinks, cfg.job, clock)
         self.hosts.sender = monitor_identity(
             self.store.identity(), None if cfg.shard is None or cfg.shard.index is None
             else f"{cfg.shard.index}/{cfg.shard.shards}")
