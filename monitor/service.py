@@ -137,8 +137,10 @@ class Monitor:
         self._http: BackgroundWSGIServer | None = None
         self.url: str | None = None
         # findings a previous run left open are closed: if still true, found again
-        for fid in self.store.open_finding_ids().values():
+        left = self.store.open_finding_ids()
+        for fid in left.values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
+        self.enforcer.restarted = set(left)
         self.store.interrupt_sending()
         last = self.store.last_eviction_at()
         if last is not None:

@@ -611,11 +611,21 @@ def decisions(mon: Monitor) -> list[dict]:
     return requests.get(mon.url + "/v1/evictions", timeout=5).json()
 
 
+def found_total(mon: Monitor, kind: str) -> float:
+    """``lightkeeper_monitor_findings_total`` of ``kind`` as the monitor's /metrics says."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(mon.url + "/metrics", timeout=5).text
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "lightkeeper_monitor_findings_total" and s.labels["kind"] == kind)
+
+
 def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
     """A dead rank in a live group is found; the monitor restarts (its findings closed as
     ``monitor_restarted``) while the rank stays down. The new monitor never hears it, yet knows
-    whose it was (its last state and verdict, kept in the state file) and finds it again; once
-    it answers, nothing of it is kept."""
+    whose it was (its last state and verdict, kept in the state file) and finds it again, not
+    counted again in ``findings_total`` (the same episode); once it answers, nothing of it is
+    kept, and the rank's next death is a new finding, counted."""
     from monitor.config import RailsConfig
 
     victim = job.sim.group(1)[1]
@@ -629,6 +639,7 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
         wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
         victim.set_mode("down")
         wait_until(lambda: dead_rank(mon), 15, what="dead_rank")
+        assert found_total(mon, "dead_rank") == 1
     finally:
         mon.stop()
     mon = job_monitor(tmp_path, job, **dry)
@@ -638,9 +649,13 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
         assert (f["replica_group"], f["ranks"]) == (1, [victim.state["rank"]]), f
         assert f["replica_id"] == victim.state["replica_id"]
         assert list(mon.store.unreachable()) == [victim.url]
+        assert found_total(mon, "dead_rank") == 0  # the first life's, found before the restart
         victim.set_mode("ok")
         wait_until(lambda: not mon.store.unreachable() and not dead_rank(mon), 15,
                    what="it answers: nothing kept, the finding resolved")
+        victim.set_mode("down")
+        wait_until(lambda: dead_rank(mon), 15, what="its next death")
+        assert found_total(mon, "dead_rank") == 1
     finally:
         mon.stop()
 

@@ -89,6 +89,9 @@ class Enforcer(HostSide, Confirmations):
         # bundle unless its hold merely may have lapsed (read-only, and no one else may fetch)
         self.standby, self.fetch_bundles = False, True
         self._finding_ids: dict[tuple, int] = {}
+        # keys a previous run left open: the first confirmation of each here is that episode
+        # again, already counted in findings_total by the run that found it
+        self.restarted: set[tuple] = set()
         self._verdicts: dict[tuple, tuple] = {}  # job-wide finding -> its probe verdict written
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
@@ -122,7 +125,10 @@ class Enforcer(HostSide, Confirmations):
                 self._recorded += new[:i]  # written: handed on (offences, bundles) then
                 raise
             group = "job" if f.replica_group is None else str(f.replica_group)
-            self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
+            if f.key in self.restarted:
+                self.restarted.discard(f.key)
+            else:
+                self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
             self._verdicts[f.key] = gist(f.evidence.get("probe"))
         self._unrecorded = []
         self._recorded += new  # a failed resolution below must not lose them either
