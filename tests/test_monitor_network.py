@@ -681,6 +681,34 @@ def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):
     assert d.mon.sweeps > 0 and d.mon.last_sweep_error is None
 
 
+def test_a_probe_refused_with_another_http_status_is_news(probing, caplog):
+    """The rank asked on h3 answers 503 (no WorkerServer's answer: one busy probing says 429;
+    something in front of the rank), then 500, then 404 (an older WorkerServer without the
+    route): each verdict names its status, and each change is news, in the log and in the open
+    finding's audit row (a verdict's gist drops rates and counts, not an HTTP status)."""
+    d = probing
+    job = d.train.job
+    d.sweeps(BASELINE_SWEEPS)
+    job.sim.links = links(job, "h2", THROTTLED)
+    asked = job.sim.group(3)[0]
+
+    def stored() -> str:
+        rows = [r for r in d.mon.store.findings(open_only=True) if r["kind"] == "job_slow"]
+        return (rows[0]["evidence"].get("probe") or {}).get("verdict", "") if rows else ""
+
+    with caplog.at_level(logging.INFO, logger="monitor.detect.network"):
+        for status, why in (("503 Service Unavailable", "(HTTP 503)"),
+                            ("500 Internal Server Error", "(HTTP 500)"),
+                            (None, "(no /v1/probe route (an older WorkerServer))")):
+            asked.probe_status, asked.probe_route = status, status is not None
+            d.until(lambda why=why: stored() == f"no culprit: no probe results from h3 {why}",
+                    f"h3's {why} in the audit log", **NETWORK_SLOW)
+    said = [r.getMessage() for r in caplog.records if "probe round for" in r.getMessage()]
+    for why in ("(HTTP 503)", "(HTTP 500)", "(no /v1/probe route"):
+        assert any(f"from h3 {why}" in m for m in said), said
+    assert network_findings(d) == []
+
+
 def test_a_monitor_that_cannot_reach_most_ranks_blames_no_one(probing):
     d = probing
     job = d.train.job

@@ -60,8 +60,9 @@ def gist(probe: dict | None) -> tuple:
     """A round's verdict without its rates (not every round's are news): whom, and why."""
     p = probe or {}
     # a number on its own (a rate, a count), not one in a host's name (node-3, h2, 10.0.0.3)
+    # nor an HTTP status (a 503 before the rank is not a 500 in it)
     return tuple(p.get("culprit_hosts") or ()), re.sub(
-        r"(?<![\w.-])\d+(?:\.\d+)?(?![\w-]|\.\d)", "#", p.get("verdict") or "")
+        r"(?<![\w.-])(?<!HTTP )\d+(?:\.\d+)?(?![\w-]|\.\d)", "#", p.get("verdict") or "")
 
 
 def _describe(link: Link) -> str:

@@ -16,7 +16,8 @@ an array nested 30,000 deep.
 ``POST /v1/probe`` is a fake of the rank's probe endpoint (the real one is the WorkerServer's):
 it measures nothing and answers from the test's link matrix, ``SimRanks.links(from_url,
 to_url) -> {"ok", "mbit_s", ...}`` (None: the route does not exist, 404, as on an older rank;
-``SimRank.probe_route = False`` for one rank alone), with ``SimRanks.probe_token`` required
+``SimRank.probe_route = False`` for one rank alone; ``SimRank.probe_status``: the status line
+it answers instead, as something in front of the rank would), with ``SimRanks.probe_token`` required
 (401 without it: a call signed with it for the rank, as a real rank checks, or it as a bearer),
 and counts the requests in ``SimRank.probes``. Its ``control`` (the rank's
 transfer from itself) is fast unless ``SimRanks.control(url) -> {...}`` says otherwise.
@@ -89,6 +90,7 @@ class SimRank:
         self.abort_failures = 0  # the next POST /v1/abort answers 503 this many times
         self.exits: list[dict[str, Any]] | None = None  # a list: POST /v1/exit served (bodies)
         self.probe_route = True
+        self.probe_status: str | None = None  # e.g. "503 Service Unavailable"
         self.writers: set[asyncio.StreamWriter] = set()
 
     @property
@@ -184,6 +186,8 @@ class SimRank:
         links = self.sim.links
         if links is None or not self.probe_route:
             return "404 Not Found", "application/json", b'{"error": "not found"}'
+        if self.probe_status:
+            return self.probe_status, "text/plain", b"unavailable"
         if not self.authorized(path, headers, body):
             return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
         peers = json.loads(body)["peers"]
