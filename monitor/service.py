@@ -140,7 +140,7 @@ class Monitor:
         left = self.store.open_finding_ids()
         for fid in left.values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
-        self.enforcer.restarted = set(left)
+        self.detectors.restarted = dict.fromkeys(left)
         self.store.interrupt_sending()
         last = self.store.last_eviction_at()
         if last is not None:

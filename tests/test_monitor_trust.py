@@ -620,6 +620,10 @@ def found_total(mon: Monitor, kind: str) -> float:
                if s.name == "lightkeeper_monitor_findings_total" and s.labels["kind"] == kind)
 
 
+def dead_rank(mon: Monitor) -> list[dict]:
+    return [f for f in findings(mon) if f["kind"] == "dead_rank" and f["open"]]
+
+
 def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
     """A dead rank in a live group is found; the monitor restarts (its findings closed as
     ``monitor_restarted``) while the rank stays down. The new monitor never hears it, yet knows
@@ -630,10 +634,6 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
 
     victim = job.sim.group(1)[1]
     dry = {"rails": RailsConfig(dry_run=True)}
-
-    def dead_rank(mon: Monitor) -> list[dict]:
-        return [f for f in findings(mon) if f["kind"] == "dead_rank" and f["open"]]
-
     mon = job_monitor(tmp_path, job, **dry)
     try:
         wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
@@ -655,6 +655,38 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
                    what="it answers: nothing kept, the finding resolved")
         victim.set_mode("down")
         wait_until(lambda: dead_rank(mon), 15, what="its next death")
+        assert found_total(mon, "dead_rank") == 1
+    finally:
+        mon.stop()
+
+
+def test_a_fault_healed_while_the_monitor_was_down_counts_when_it_comes_back(tmp_path, job):
+    """A dead rank left open in ``--state`` answers again before the monitor restarts. Once its
+    group commits a step with every rank answering (that episode over), the rank's next death,
+    the same incarnation, is a new finding and counted in ``findings_total``."""
+    from monitor.config import RailsConfig
+
+    victim = job.sim.group(1)[1]
+    dry = {"rails": RailsConfig(dry_run=True)}
+    mon = job_monitor(tmp_path, job, **dry)
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
+        victim.set_mode("down")
+        wait_until(lambda: dead_rank(mon), 15, what="dead_rank")
+    finally:
+        mon.stop()
+    victim.set_mode("ok")
+    mon = job_monitor(tmp_path, job, **dry)
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
+        for r in job.sim.group(1):
+            r.update(step=r.state["step"] + 5, commits=r.state["commits"] + 5)
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 2, 15, what="sweeps past the step")
+        assert not dead_rank(mon) and found_total(mon, "dead_rank") == 0
+        victim.set_mode("down")
+        wait_until(lambda: dead_rank(mon), 15, what="its next death")
+        assert dead_rank(mon)[0]["replica_id"] == victim.state["replica_id"]
         assert found_total(mon, "dead_rank") == 1
     finally:
         mon.stop()

@@ -89,9 +89,6 @@ class Enforcer(HostSide, Confirmations):
         # bundle unless its hold merely may have lapsed (read-only, and no one else may fetch)
         self.standby, self.fetch_bundles = False, True
         self._finding_ids: dict[tuple, int] = {}
-        # keys a previous run left open: the first confirmation of each here is that episode
-        # again, already counted in findings_total by the run that found it
-        self.restarted: set[tuple] = set()
         self._verdicts: dict[tuple, tuple] = {}  # job-wide finding -> its probe verdict written
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
@@ -125,8 +122,8 @@ class Enforcer(HostSide, Confirmations):
                 self._recorded += new[:i]  # written: handed on (offences, bundles) then
                 raise
             group = "job" if f.replica_group is None else str(f.replica_group)
-            if f.key in self.restarted:
-                self.restarted.discard(f.key)
+            if f.key in self.detectors.restarted:  # counted by the run that found it
+                del self.detectors.restarted[f.key]
             else:
                 self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
             self._verdicts[f.key] = gist(f.evidence.get("probe"))

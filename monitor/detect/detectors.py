@@ -58,6 +58,9 @@ class Detectors:
         self._noted: tuple[ClusterView, float] | None = None  # the sweep _note_sweep last noted
         # [now, the dumps, their traces, errors, the engine's findings or None] of the last look
         self._look: list | None = None
+        # keys a previous run left open (set by the Monitor) -> their group's step when first
+        # seen: their first confirmation here is that episode again, until _episodes_over
+        self.restarted: dict[tuple, int | None] = {}
 
     @property
     def last_lags(self) -> dict[int, float]:
@@ -215,7 +218,28 @@ class Detectors:
         new = [f for name, step in steps for f in self._guarded(name, step)]
         self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps, cut_off)
         self._note_commit_failures(view)
+        self._episodes_over(full)
         return new
+
+    def _episodes_over(self, full: ClusterView) -> None:
+        """Forget a restarted key once its group (a job-wide one: the job) committed a step past
+        the one it first showed, every rank of it answering and nothing of the key open or
+        pending (a straggler's late window, a job-wide finding): a stall commits none, a dead
+        rank does not answer; a fault back later is a new episode."""
+        for key, was in list(self.restarted.items()):
+            kind, g, _ = key
+            gv = full.groups.get(g)
+            step = full.newest_step() if g is None else gv.step if gv else None
+            if step is None:
+                continue
+            if was is None:
+                self.restarted[key] = step
+            elif step > was and (gv is None or len(gv.reachable) == len(gv.ranks)) \
+                    and key not in self.findings.open \
+                    and not (kind in (*JOB_KINDS, "network") and self.probes_wanted()) \
+                    and not (kind == "straggler" and g in self._groups
+                             and self._groups[g].straggler_windows):
+                del self.restarted[key]
 
     def _note_fr_window(self, dumps: Mapping[int, dict]) -> None:
         """:attr:`fr_window_s`: the shortest time any rank's newest ``filter.last`` entries span
