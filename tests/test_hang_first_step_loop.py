@@ -8,14 +8,23 @@ the real Verifier against the Lighthouse's status, swept as the service does."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
 
-from monitor.config import DetectorConfig
+from monitor.act.bundles import Bundles
+from monitor.act.enforcer import Enforcer
+from monitor.act.hosts import HostLedger
+from monitor.api.metrics import MonitorMetrics
+from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
 from monitor.detect import Detectors
+from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
 from monitor.evidence.verification import Verifier
+from monitor.store import Store
 from tests.support.frgen import _Rank
+from tests.test_detect_enforcer_lifecycle import Kills
+from tests.test_goodput_held import Compared
 from tests.test_jobwide_healing_member import _lighthouse
 from tests.test_monitor_detectors import T0, Job
 
@@ -31,6 +40,8 @@ class _Slot:
         self.job, self.verifier = Job(), Verifier()
         self.det = Detectors(DetectorConfig(starting_timeout_s=STARTING_S))
         self.found: list = []
+        self.named: dict[str, float] = {}  # replica id -> when an open hang first named it
+        self.then = None  # called with each sweep's view and new findings (the act stage)
         self.now, self.q, self.k = T0, 3, 0
         self.evicted: set[str] = set()
         self.ids = {self.job.states[r]["replica_id"] for r in (0, 2)}
@@ -48,10 +59,15 @@ class _Slot:
         view = self.job.view(now, lambda ranks, changed: self.verifier.judge(
             ranks, changed, lh, None, True, now))
         dumps = self.job.dumps() if self.det.fr_wanted(view.evidence(), now) else None
-        self.found.extend((now, f) for f in self.det.update(
-            view.evidence(), dumps, now, full_view=view, evicted=frozenset(self.evicted),
-            lighthouse=lh))
+        new = self.det.update(view.evidence(), dumps, now, full_view=view,
+                              evicted=frozenset(self.evicted), lighthouse=lh)
         assert self.det.last_error is None
+        self.found.extend((now, f) for f in new)
+        for f in self.det.open_findings():
+            if f.kind == "hang":
+                self.named.setdefault(f.replica_id, now)
+        if self.then is not None:
+            self.then(view, new)
 
     def incarnation(self, trains: bool = False, evict: bool = True, gap_s: float = 0.0,
                     compile_s: float | None = None) -> tuple[str, float]:
@@ -152,12 +168,104 @@ def test_a_named_incarnation_that_exits_unevicted_leaves_its_slot_held():
     slot = _Slot()
     _named_at_the_starting_timeout(slot)
     # its eviction held (a cooldown), the named one exits on its own: its successor is named at
-    # its first stall past the plain hang threshold, not after a fresh --starting-timeout
+    # its first stall past the plain hang threshold, not after a fresh --starting-timeout, by
+    # the same finding, open in between
     new, since = slot.incarnation(evict=False)
-    assert len(slot.hangs()) == 2
-    at, f = slot.hangs()[-1]
-    assert f.replica_id == new and at - since < 2 * SWEEP_S + 1.0
-    assert f.evidence["held_s"] > STARTING_S
+    ((_, f),) = slot.hangs()
+    assert f.replica_id == new and slot.named[new] - since < 2 * SWEEP_S + 1.0
+    assert f in slot.det.open_findings() and f.evidence["held_s"] > STARTING_S
+
+
+def _acted_on(slot: _Slot, tmp_path, rails: dict) -> tuple[Enforcer, Kills, Compared]:
+    """Each sweep's findings acted on and accounted as the service does: a real Enforcer with
+    ``rails`` and Store (the kills to a recorder), the goodput ledger (and its reference)."""
+    cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
+                        bundles=BundleConfig(enabled=False), rails=RailsConfig(**rails))
+    store, kills, led = Store(cfg.state_path), Kills(), Compared()
+
+    def clock() -> float:
+        return slot.now
+
+    enf = Enforcer(cfg, store, slot.det, HostLedger(store, cfg.quarantine, [], cfg.job, clock),
+                   kills, LighthouseSettingsWatch(), MonitorMetrics(cfg.job), lambda: None,
+                   clock, Bundles(cfg, store, clock))
+
+    def act(view, new) -> None:
+        enf.record(new, slot.now)
+        enf.decide(view, view.evidence(), slot.now, lighthouse=slot.lh)
+        led.update(view.evidence(), enf.open_findings(),
+                   store.decisions(limit=100, decision="evict"), slot.now)
+
+    slot.then = act
+    return enf, kills, led
+
+
+# an eviction held for good: --dry-run, `hang` not in --evict-on, --min-replicas (group 2's
+# replacement takes no part in the quorum: evicting it would leave 2 groups)
+HELD = {"dry_run": {"dry_run": True}, "kind_not_evicted": {"evict_kinds": ("straggler",)},
+        "min_replicas": {"min_replicas": 3}}
+
+
+@pytest.mark.parametrize("held", sorted(HELD))
+def test_a_slot_whose_eviction_is_held_for_good_is_one_hang_across_its_incarnations(
+        tmp_path, held):
+    """Named, its eviction held, the incarnation exits on its own and each successor, restarted
+    by its launcher (its ranks down a few sweeps between two), hangs in its first step again:
+    one `hang` stays open throughout, naming the newest hung incarnation and how many the slot
+    held the others over: one audit row, one `findings_total`, one goodput incident, no kill
+    (before: a finding each incarnation, each a row, a count and an incident). The slot
+    trains: it closes."""
+    slot = _Slot()
+    enf, kills, led = _acted_on(slot, tmp_path, HELD[held])
+    n = _named_at_the_starting_timeout(slot)
+    for _ in range(3):
+        for _ in range(slot.det.cfg.dead_sweeps + 1):  # restarted: its ranks down meanwhile
+            slot.job.down = {4, 5}
+            slot.sweep()
+            slot.advance(SWEEP_S)
+        slot.job.down = set()
+        new, since = slot.incarnation(evict=False)
+        # its first stall past the plain threshold names it: the slot has held them long since
+        assert slot.named[new] - since < 2 * SWEEP_S + 1.0
+    (f,) = [f for f in slot.det.open_findings() if f.kind == "hang"]
+    assert [f for _, f in slot.hangs()] == [f]
+    assert (f.replica_id, f.evidence["incarnations"]) == (new, n + 3)
+    assert f"over {n + 3} incarnation(s)" in f.evidence["summary"]
+    rows = [r for r in enf.store.findings() if r["kind"] == "hang"]
+    assert [(r["replica_id"], r["resolved_at"], r["evidence"]["incarnations"]) for r in rows] \
+        == [(new, None, n + 3)]
+    assert enf.metrics.registry.get_sample_value("lightkeeper_monitor_findings_total", {
+        "job": "t", "kind": "hang", "replica_group": "2"}) == 1.0
+    # (each restart's ranks down unsaid are a `dead` of that incarnation: joined to it)
+    (inc,) = [i for i in led.to_json()["incidents"] if i["kind"] == "hang"]
+    assert (inc["replica_id"], inc["finding_ids"][0], inc["resolved_at"]) == (
+        new, rows[0]["id"], None)
+    assert kills.sent == [] and enf.store.decisions(decision="evict") == []
+    slot.incarnation(evict=False, trains=True)
+    assert [f for f in slot.det.open_findings() if f.kind == "hang"] == []
+    assert [r["resolution"] for r in enf.store.findings() if r["kind"] == "hang"] == [
+        "replaced"]
+    (inc,) = [i for i in led.to_json()["incidents"] if i["kind"] == "hang"]
+    assert inc["resolved_at"] is not None
+    enf.store.close()
+
+
+def test_a_carried_hang_kills_only_the_incarnation_it_names_once_hung_again(tmp_path):
+    """Named while the cooldown holds its eviction, the incarnation exits; the cooldown ends as
+    its successor starts: nothing is killed until the successor hangs too (the finding still
+    names the one gone, whose replica id reaches nobody), then the successor is."""
+    slot = _Slot()
+    enf, kills, _ = _acted_on(slot, tmp_path, {"cooldown_s": 1e6})
+    # group 2's predecessor was evicted at the start: the cooldown runs from there
+    enf.store.add_decision(replica_group=2, replica_id="replica_group_2:sim", decision="evict",
+                           reason="hang", status="sent", at=T0)
+    _named_at_the_starting_timeout(slot)
+    assert kills.sent == []
+    enf.cfg = dataclasses.replace(enf.cfg, rails=RailsConfig())  # the cooldown is over
+    new, since = slot.incarnation(evict=False)
+    assert kills.sent == [new]
+    assert slot.named[new] - since < 2 * SWEEP_S + 1.0
+    enf.store.close()
 
 
 def test_a_healthy_first_step_after_a_hung_one_is_timed_on_its_own():
