@@ -47,7 +47,7 @@ from .poll.torch_server import StoreReader
 from .polling import Polling
 from .schedule import LeaderSchedule
 from .shard import Shards, expected_in_slice
-from .startup import allow_list, build_sinks, check_config, steady_clock
+from .startup import allow_list, build_sinks, check_config, check_paths, steady_clock
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,9 @@ class Monitor:
             log.warning("%s", warning)
         clock = clock or steady_clock()
         self.cfg, self.clock = cfg, clock
-        sinks = build_sinks(cfg)  # a refused --action leaves no --state file (or folder) made
+        # what may refuse the configuration, before --state is touched: a refused start made nothing
+        sinks = build_sinks(cfg)
+        check_paths(cfg)
         # then: a second monitor on this state touches nothing of it (the bundles' prune)
         self._state_lock = hold_state(cfg.state_path)
         try:

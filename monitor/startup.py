@@ -12,7 +12,7 @@ from http_serving import is_http_url, redact_url
 from .act.sinks import SinkConfigError, build_sink, validate_action
 from .config import ConfigError, MonitorConfig
 from .poll.admission import AllowList
-from .poll.discovery import normalize_url
+from .poll.discovery import check_sd_out, normalize_url
 
 
 def allow_list(cfg: MonitorConfig) -> AllowList:
@@ -61,6 +61,22 @@ def build_sinks(cfg: MonitorConfig) -> list:
         return [build_sink(a, cfg.quarantine) for a in cfg.quarantine.actions]
     except SinkConfigError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_paths(cfg: MonitorConfig) -> None:
+    """Refuse (ConfigError) a ``--bundle-dir`` that cannot be made or written and an ``--sd-out``
+    that is not file_sd JSON, making nothing: a refused start leaves no --state behind. (The
+    default folder is beside --state, whose own trouble is said first: exit 1.)"""
+    d = cfg.bundles.dir if cfg.bundles.enabled else None
+    if d:
+        up = os.path.abspath(d)
+        while not os.path.lexists(up):  # the nearest that exists: the rest is made in it
+            up = os.path.dirname(up)
+        if not os.path.isdir(up) or not os.access(up, os.W_OK | os.X_OK):
+            raise ConfigError(f"--bundle-dir {d}: {up} is not a "
+                              f"{'writable ' if os.path.isdir(up) else ''}folder")
+    if cfg.sd_out:
+        check_sd_out(cfg.sd_out)
 
 
 def steady_clock():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -237,6 +239,45 @@ def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path
         assert first.store.open_finding_ids() == {("hang", 1, None): fid}
     finally:
         first.stop()
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--action", "slurm"], "--action slurm: scontrol cannot read Slurm's configuration"),
+    (["--action", "exec:/no/such/hook"],
+     "--action 'exec:/no/such/hook': '/no/such/hook' is not an executable"),
+    (["--bundle-dir", "{tmp}/afile/b"], "--bundle-dir {tmp}/afile/b: "),
+    (["--sd-out", "{tmp}/other.json"], "--sd-out {tmp}/other.json exists and is not a file_sd")],
+    ids=["slurm", "exec", "bundle-dir", "sd-out"])
+def test_a_refused_start_leaves_the_state_as_it_was(tmp_path, argv, said):
+    """What may refuse the configuration is checked before ``--state`` is touched: a refused
+    ``--action``, ``--bundle-dir`` or ``--sd-out`` makes no state file (nor its folder, its lock,
+    the default ``--sd-out``'s lock or bundle folder), and leaves an existing one byte for byte.
+    A stand-in ``scontrol`` that cannot read Slurm's configuration, as Slurm's says it."""
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "scontrol"
+    fake.write_text('#!/bin/sh\necho "scontrol: fatal: Could not establish a configuration '
+                    'source" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("SLURM_CONF", None)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "other.json").write_text("not json")
+    Store(str(tmp_path / "old.sqlite")).close()
+    kept = (tmp_path / "old.sqlite").read_bytes()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    fresh = tmp_path / "new" / "m.sqlite"
+    argv, said = [a.format(tmp=tmp_path) for a in argv], said.format(tmp=tmp_path)
+    for state in (fresh, tmp_path / "old.sqlite"):
+        p = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
+                            "--state", str(state), *argv],
+                           env=env, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+        line = p.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"lightkeeper monitor: {said}"), line
+    assert not fresh.exists() and not fresh.parent.exists()
+    assert (tmp_path / "old.sqlite").read_bytes() == kept
+    # no -wal, -shm nor .lock; no incidents/ nor the --sd-out's lock
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_a_restarted_monitor_re_adopts_registrations_not_old_static_targets(tmp_path):

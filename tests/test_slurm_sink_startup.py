@@ -79,35 +79,3 @@ def test_configless_slurm_whose_controller_does_not_answer_now_stops_nothing(tmp
         else:
             with pytest.raises(SinkConfigError, match="DNS SRV lookup failed"):
                 build_sink("slurm")
-
-
-@pytest.mark.parametrize("action,said", [
-    ("slurm", "--action slurm: scontrol cannot read Slurm's configuration"),
-    ("exec:/no/such/hook", "--action 'exec:/no/such/hook': '/no/such/hook' is not an executable")])
-def test_a_refused_action_leaves_the_state_as_it_was(tmp_path, action, said):
-    """The sinks are built before ``--state`` is touched: a refused ``--action`` makes no state
-    file (nor its folder, nor its lock), and leaves an existing one byte for byte. A stand-in
-    ``scontrol`` that cannot read Slurm's configuration, as Slurm's says it."""
-    from monitor.store import Store
-
-    (tmp_path / "bin").mkdir()
-    fake = tmp_path / "bin" / "scontrol"
-    fake.write_text('#!/bin/sh\necho "scontrol: fatal: Could not establish a configuration '
-                    'source" >&2\nexit 1\n')
-    fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("SLURM_CONF", None)
-    fresh = tmp_path / "new" / "m.sqlite"
-    Store(str(tmp_path / "old.sqlite")).close()
-    kept = (tmp_path / "old.sqlite").read_bytes()
-    before = sorted(p.name for p in tmp_path.iterdir())
-    for state in (fresh, tmp_path / "old.sqlite"):
-        p = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
-                            "--state", str(state), "--action", action],
-                           env=env, capture_output=True, text=True, timeout=30)
-        assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-        line = p.stderr.strip().splitlines()[-1]
-        assert line.startswith(f"lightkeeper monitor: {said}"), line
-    assert not fresh.exists() and not fresh.parent.exists()
-    assert (tmp_path / "old.sqlite").read_bytes() == kept
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no -wal, -shm nor .lock

@@ -130,6 +130,21 @@ def _read_file_sd(path: str, ours: bool = False) -> tuple[dict[str, Target], lis
     return out, skipped
 
 
+def check_sd_out(path: str) -> None:
+    """Raise ConfigError when ``path`` exists and is not JSON (another program's file, or a
+    monitor's --state): never replaced. Missing, empty or zeros (a power loss before an older
+    version's unsynced write): fine."""
+    try:
+        with open(path, "rb") as f:
+            json.loads(f.read().strip(b"\0 \t\r\n") or b"[]")
+    except OSError:
+        return
+    except ValueError:  # UnicodeDecodeError is one
+        raise ConfigError(f"--sd-out {path} exists and is not a file_sd JSON file (another "
+                          "program's, or a monitor's --state?): not replaced; name another "
+                          "path, or remove it") from None
+
+
 def _skipped(skipped: list[str]) -> str:
     """The entries _read_file_sd left out, in one line: how many, the first few and why."""
     return f"{len(skipped)} left out: " + "; ".join(skipped[:5]) + "; ..." * (len(skipped) > 5)
@@ -420,16 +435,7 @@ class Discovery:
         another ``--job``'s; a missing, empty or broken file restores nothing. Holds ``path``
         first: raises ConfigError when another monitor writes it, or it is not JSON at all."""
         self._hold(path)
-        try:
-            with open(path, "rb") as f:
-                # empty, or zeros (a power loss before an older version's unsynced write)
-                json.loads(f.read().strip(b"\0 \t\r\n") or b"[]")
-        except OSError:
-            return
-        except ValueError:  # UnicodeDecodeError is one
-            raise ConfigError(f"--sd-out {path} exists and is not a file_sd JSON file (another "
-                              "program's, or a monitor's --state?): not replaced; name another "
-                              "path, or remove it") from None
+        check_sd_out(path)
         try:
             parsed, skipped = _read_file_sd(path, ours=True)
         except (OSError, ValueError):  # BadTarget is a ValueError
