@@ -47,11 +47,13 @@ def sweeper(job: Job, det: Detectors, found: list):
     return sweep
 
 
-def _run(replacement: str) -> tuple[list, Detectors]:
+def _run(replacement: str, lead_s: float | None = None) -> tuple[list, Detectors]:
     """Train, replace group 2, then the groups taking part block in the all_reduce for twice
     --starting-timeout. ``replacement``: ``healing`` (rank 4 heals, rank 5 hung in its first
     forward, neither taking part), ``unlisted`` (the same, but not among the Lighthouse's
-    members of quorum Q) or ``joined`` (taking part and blocked like the others)."""
+    members of quorum Q) or ``joined`` (taking part and blocked like the others). ``lead_s``:
+    an asynchronous quorum (rank 5 reports no quorum id before its first collective), the
+    replacement seen that long before the others block."""
     job = Job()
     det = Detectors(DetectorConfig(starting_timeout_s=STARTING_S))
     found: list = []
@@ -86,6 +88,12 @@ def _run(replacement: str) -> tuple[list, Detectors]:
                              "window": None})
     job.wait(4, None, phase="healing")
     job.wait(5, None, phase="forward")
+    if lead_s is not None:
+        job.states[5]["quorum_id"] = -1
+        while now - since < lead_s:
+            now += 1.5
+            sweep(now, lh, evicted={old})
+        since = now
     while now - since < 2 * STARTING_S:
         now += 1.5
         for r in range(job.world):
@@ -115,6 +123,20 @@ def test_the_replacement_hung_healing_into_the_quorum_is_named_at_the_starting_t
     held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
     assert len(held) == 1 and "replica group 2 rank(s) [4, 5] have not finished a step" in held[0]
     assert "job_stall" not in [f.kind for f in found]
+
+
+@pytest.mark.parametrize("lead_s", [0.0, 15.0])
+def test_a_replacement_named_hung_in_its_first_step_is_not_stuck_starting_too(lead_s):
+    """With an asynchronous quorum its rank in the first forward reports no quorum id, and
+    `stuck_starting` (shape ``no_first_quorum``) would name the same group for the same fault:
+    the hang is its name. Not opened beside it (before: the next sweep), nor left open beside
+    it when its clock ran out first (seen ``lead_s`` before the others blocked): `superseded`."""
+    found, det = _run("healing", lead_s)
+    (hang,) = [f for f in found if f.kind == "hang"]
+    assert [f.kind for f in det.open_findings()] == ["hang"]
+    early = [f for f in found if f.kind == "stuck_starting"]
+    assert [(f.confirmed_at < hang.confirmed_at, f.resolution, f.resolved_at) for f in early] \
+        == ([] if lead_s == 0 else [(True, "superseded", hang.confirmed_at)])
 
 
 @pytest.mark.parametrize("replacement", ["joined", "unlisted"])

@@ -75,6 +75,11 @@ class StuckStarting:
             for ident in [i for i in self._starting if getattr(
                     full.ranks.get(i[0]), "replica_group", None) == key[1]]:
                 del self._starting[ident]
+        # a hang names the group (its first step hung: with an asynchronous quorum its ranks
+        # have no quorum id yet): that is its name, not a second finding beside it
+        hung = findings.groups("hang")
+        for key in [k for k in findings.open if k[0] == "stuck_starting" and k[1] in hung]:
+            findings.resolve(key, "superseded", now)
         polled = full.polled_ranks if starting_urls is None else \
             [full.ranks[u] for u in starting_urls]
         for r in polled:  # a carried rank keeps what its last poll said
@@ -107,8 +112,8 @@ class StuckStarting:
                 stuck.setdefault(r.replica_group, []).append(r)
         for ident in [i for i in self._starting if i not in seen]:
             del self._starting[ident]
-        left, still = self._left_out.judge(view, now, set(stuck), lighthouse) if view is not None \
-            else ({}, set())
+        left, still = self._left_out.judge(view, now, set(stuck) | hung, lighthouse) \
+            if view is not None else ({}, set())
         # named until its group answers with a quorum; left_job only after --dead-sweeps sweeps
         # in which the monitor reached some group and the Lighthouse did not hear this one
         seen_any = any(v.reachable for v in full.groups.values())
@@ -140,7 +145,7 @@ class StuckStarting:
                 lo.evidence, lo.first_seen, now, view))
         for g, ranks in stuck.items():
             gv = full.groups.get(g)
-            if gv is None:
+            if gv is None or g in hung:
                 continue
             mem = groups.get(g)
             rid = mem.replica_id if mem is not None else None
