@@ -182,6 +182,11 @@ def _acted_on(slot: _Slot, tmp_path, rails: dict) -> tuple[Enforcer, Kills, Comp
     cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
                         bundles=BundleConfig(enabled=False), rails=RailsConfig(**rails))
     store, kills, led = Store(cfg.state_path), Kills(), Compared()
+    # on the --state of an earlier run: its open findings closed and marked, as Monitor does
+    left = store.open_finding_ids()
+    for fid in left.values():
+        store.resolve_finding(fid, slot.now, "monitor_restarted")
+    slot.det.restarted = dict.fromkeys(k[:2] for k in left)
 
     def clock() -> float:
         return slot.now
@@ -198,6 +203,17 @@ def _acted_on(slot: _Slot, tmp_path, rails: dict) -> tuple[Enforcer, Kills, Comp
 
     slot.then = act
     return enf, kills, led
+
+
+def _relaunched(slot: _Slot, **kw) -> tuple[str, float]:
+    """The slot's next incarnation restarted by its launcher: its ranks down a few sweeps
+    first."""
+    for _ in range(slot.det.cfg.dead_sweeps + 1):
+        slot.job.down = {4, 5}
+        slot.sweep()
+        slot.advance(SWEEP_S)
+    slot.job.down = set()
+    return slot.incarnation(evict=False, **kw)
 
 
 # an eviction held for good: --dry-run, `hang` not in --evict-on, --min-replicas (group 2's
@@ -219,12 +235,7 @@ def test_a_slot_whose_eviction_is_held_for_good_is_one_hang_across_its_incarnati
     enf, kills, led = _acted_on(slot, tmp_path, HELD[held])
     n = _named_at_the_starting_timeout(slot)
     for _ in range(3):
-        for _ in range(slot.det.cfg.dead_sweeps + 1):  # restarted: its ranks down meanwhile
-            slot.job.down = {4, 5}
-            slot.sweep()
-            slot.advance(SWEEP_S)
-        slot.job.down = set()
-        new, since = slot.incarnation(evict=False)
+        new, since = _relaunched(slot)
         # its first stall past the plain threshold names it: the slot has held them long since
         assert slot.named[new] - since < 2 * SWEEP_S + 1.0
     (f,) = [f for f in slot.det.open_findings() if f.kind == "hang"]
@@ -248,6 +259,37 @@ def test_a_slot_whose_eviction_is_held_for_good_is_one_hang_across_its_incarnati
     (inc,) = [i for i in led.to_json()["incidents"] if i["kind"] == "hang"]
     assert inc["resolved_at"] is not None
     enf.store.close()
+
+
+def _counted(enf: Enforcer) -> float:
+    return enf.metrics.registry.get_sample_value("lightkeeper_monitor_findings_total", {
+        "job": "t", "kind": "hang", "replica_group": "2"}) or 0.0
+
+
+def test_a_held_hang_the_monitor_restarts_across_is_counted_once(tmp_path):
+    """--dry-run: named and counted; the monitor restarts on its --state (a fresh process)
+    while the slot goes on hanging, and names the slot again once held --starting-timeout
+    anew, in a later incarnation: the same episode, not counted again. The slot trains (the
+    episode over), then hangs again: a new fault, counted."""
+    slot = _Slot()
+    first = _acted_on(slot, tmp_path, HELD["dry_run"])[0]
+    _named_at_the_starting_timeout(slot)
+    ((_, named),) = slot.hangs()
+    assert _counted(first) == 1.0
+    first.store.close()
+    slot.det, slot.found = Detectors(DetectorConfig(starting_timeout_s=STARTING_S)), []
+    second = _acted_on(slot, tmp_path, HELD["dry_run"])[0]
+    for _ in range(8):
+        _relaunched(slot)
+        if slot.hangs():
+            break
+    ((_, f),) = slot.hangs()
+    assert f.replica_id != named.replica_id and _counted(second) == 0.0
+    _relaunched(slot, trains=True)
+    slot.found = []
+    _named_at_the_starting_timeout(slot)
+    assert _counted(second) == 1.0
+    second.store.close()
 
 
 def test_a_carried_hang_kills_only_the_incarnation_it_names_once_hung_again(tmp_path):

@@ -58,8 +58,9 @@ class Detectors:
         self._noted: tuple[ClusterView, float] | None = None  # the sweep _note_sweep last noted
         # [now, the dumps, their traces, errors, the engine's findings or None] of the last look
         self._look: list | None = None
-        # keys a previous run left open (set by the Monitor) -> their group's step when first
-        # seen: their first confirmation here is that episode again, until _episodes_over
+        # (kind, group) of the findings a previous run left open (set by the Monitor) -> their
+        # group's step when first seen: their first confirmation here, of whichever incarnation
+        # (a held first-step hang moves on), is that episode again, until _episodes_over
         self.restarted: dict[tuple, int | None] = {}
 
     @property
@@ -228,11 +229,11 @@ class Detectors:
 
     def _episodes_over(self, full: ClusterView) -> None:
         """Forget a restarted key once its group (a job-wide one: the job) committed a step past
-        the one it first showed, every rank of it answering and nothing of the key open or
-        pending (a straggler's late window, a job-wide finding): a stall commits none, a dead
+        the one it first showed, every rank of it answering and nothing of that kind open there
+        or pending (a straggler's late window, a job-wide finding): a stall commits none, a dead
         rank does not answer; a fault back later is a new episode."""
         for key, was in list(self.restarted.items()):
-            kind, g, _ = key
+            kind, g = key
             gv = full.groups.get(g)
             step = full.newest_step() if g is None else gv.step if gv else None
             if step is None:
@@ -240,7 +241,7 @@ class Detectors:
             if was is None:
                 self.restarted[key] = step
             elif step > was and (gv is None or len(gv.reachable) == len(gv.ranks)) \
-                    and key not in self.findings.open \
+                    and g not in self.findings.groups(kind) \
                     and not (kind in (*JOB_KINDS, "network") and self.probes_wanted()) \
                     and not (kind == "straggler" and g in self._groups
                              and self._groups[g].straggler_windows):
