@@ -424,6 +424,61 @@ def test_an_interrupted_kill_is_no_goodput_eviction_until_judged(tmp_path, job):
         mon.stop()
 
 
+def stall(job: SimJob, mon: Monitor, clock: list[float], sweeps: int = 4) -> None:
+    """Every rank waits in its cross-group all_reduce, ``sweeps`` sweeps 2 s apart."""
+    for r in job.sim.ranks:
+        r.update(phase="allreduce", timing={"recent": [], "last_step": None, "window": None,
+                                            "waiting": {"scope": "cross", "seconds": 0.0}})
+    for i in range(sweeps):
+        clock[0] += 2.0
+        for r in job.sim.ranks:
+            r.state["timing"]["waiting"] = {"scope": "cross", "seconds": 2.0 * (i + 1)}
+        mon.sweep_once()
+
+
+def test_a_new_stall_after_the_job_restarted_from_a_checkpoint_counts(tmp_path, job):
+    """A ``job_stall`` the first monitor found and counted; the monitor restarts while the job
+    is still stalled, and the job is restarted from a checkpoint 80 steps back (new replica
+    ids) before the stall is found again. It trains 50 steps, below the stalled one: that
+    episode is over (steps past the lowest since), so the job's next stall, below the old step,
+    is a new finding, counted. Before, the mark lasted until a step past the stalled one."""
+    def stalls() -> tuple[bool, float | None]:
+        return (any(f["kind"] == "job_stall" and f["open"] for f in
+                    requests.get(mon.url + "/v1/findings", timeout=10).json()),
+                mon.metrics.registry.get_sample_value("lightkeeper_monitor_findings_total", {
+                    "job": "sim", "kind": "job_stall", "replica_group": "job"}))
+
+    clock = [time.time()]
+    mon = start(tmp_path, job, clock)
+    try:
+        job.train_and_sweep(mon, clock, 6)
+        stall(job, mon, clock)
+        assert stalls() == (True, 1.0)
+        stalled_at = job.sim.ranks[0].state["step"]
+    finally:
+        mon.stop()
+    mon = start(tmp_path, job, clock)
+    try:
+        for r in job.sim.ranks:  # the whole job stopped, then started from its checkpoint
+            r.update(finished=True, stopped_by="SIGTERM", phase="stopped")
+        clock[0] += 1.0
+        mon.sweep_once()
+        for g in range(job.groups):
+            job.replica_ids[g] = f"replica_group_{g}:from-checkpoint"
+        for r in job.sim.ranks:
+            r.update(replica_id=job.replica_ids[r.state["replica_group"]], finished=False,
+                     stopped_by=None, phase="forward", step=stalled_at - 80,
+                     commits=r.state["commits"] + 1, pid=r.state["pid"] + 100,
+                     started_at=clock[0], timing=None)
+        job.requorum()
+        job.train_and_sweep(mon, clock, 10)
+        assert stalls() == (False, None)
+        stall(job, mon, clock)
+        assert stalls() == (True, 1.0)
+    finally:
+        mon.stop()
+
+
 def test_a_state_file_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path):
     """A monitor rolled back over a file a newer version changed incompatibly (its format,
     SQLite's user_version, raised) refuses it in one line, exit status 1, and keeps its

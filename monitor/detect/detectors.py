@@ -59,7 +59,7 @@ class Detectors:
         # [now, the dumps, their traces, errors, the engine's findings or None] of the last look
         self._look: list | None = None
         # (kind, group) of the findings a previous run left open (set by the Monitor) -> their
-        # group's step when first seen: their first confirmation here, of whichever incarnation
+        # group's lowest step seen since: their first confirmation here, of whichever incarnation
         # (a held first-step hang moves on), is that episode again, until _episodes_over
         self.restarted: dict[tuple, int | None] = {}
 
@@ -229,16 +229,17 @@ class Detectors:
 
     def _episodes_over(self, full: ClusterView) -> None:
         """Forget a restarted key once its group (a job-wide one: the job) committed a step past
-        the one it first showed, every rank of it answering and nothing of that kind open there
-        or pending (a straggler's late window, a job-wide finding): a stall commits none, a dead
-        rank does not answer; a fault back later is a new episode."""
+        the lowest it showed since (a restart from a checkpoint goes back), every rank of it
+        answering and nothing of that kind open there or pending (a straggler's late window, a
+        job-wide finding): a stall commits none, a dead rank does not answer; a fault back
+        later is a new episode."""
         for key, was in list(self.restarted.items()):
             kind, g = key
             gv = full.groups.get(g)
             step = full.newest_step() if g is None else gv.step if gv else None
             if step is None:
                 continue
-            if was is None:
+            if was is None or step < was:
                 self.restarted[key] = step
             elif step > was and (gv is None or len(gv.reachable) == len(gv.ranks)) \
                     and g not in self.findings.groups(kind) \
