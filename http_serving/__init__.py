@@ -13,6 +13,7 @@ from .urls import (
     http_url,
     is_http_url,
     is_loopback_host,
+    is_monitor_url,
     redact_entry,
     redact_url,
     split_host_port,
@@ -21,5 +22,5 @@ from .urls import (
 from .wsgi import BackgroundWSGIServer
 
 __all__ = ["BackgroundWSGIServer", "bearer_token_matches", "decimal_int", "failure_reason",
-           "host_for_url", "http_url", "is_http_url", "is_loopback_host", "on_command_line",
-           "printable", "redact_entry", "redact_url", "split_host_port", "url_list"]
+           "host_for_url", "http_url", "is_http_url", "is_loopback_host", "is_monitor_url",
+           "on_command_line", "printable", "redact_entry", "redact_url", "split_host_port", "url_list"]

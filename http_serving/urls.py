@@ -12,8 +12,8 @@ import ipaddress
 import re
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["failure_reason", "host_for_url", "http_url", "is_http_url", "redact_url",
-           "split_host_port"]
+__all__ = ["failure_reason", "host_for_url", "http_url", "is_http_url", "is_monitor_url",
+           "redact_url", "split_host_port"]
 
 # ``scheme://user:password@``, up to the authority's last ``@``: a password with a raw ``/``
 # (base64) is no valid URL, but the message refusing it must not show it either
@@ -85,6 +85,12 @@ def is_http_url(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def is_monitor_url(url: str) -> bool:
+    """:func:`is_http_url` with a port, which only ``https`` may leave out (443: a monitor behind
+    a TLS ingress): ``http://mon`` is port 80, a monitor's ``:19400`` forgotten."""
+    return is_http_url(url) and (urlsplit(url).port is not None or url.startswith("https:"))
 
 
 def url_list(raw: str | None) -> list[str] | None:

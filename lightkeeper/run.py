@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 
-from http_serving import is_http_url, redact_entry, redact_url, url_list
+from http_serving import is_monitor_url, redact_entry, redact_url, url_list
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 from worker_server.timing import cuda_timing_mode
 
@@ -109,7 +109,7 @@ def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
     if urls is None:
         return f"{name} {value!r} names no monitor URL"
     for url in urls:
-        if not is_http_url(url):
+        if not is_monitor_url(url):
             return f"{name} {redact_entry(url)!r} is not an http(s)://host:port URL"
     return None
 

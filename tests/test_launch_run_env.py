@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from http_serving.urls import redact_entry
 from lightkeeper import run as lk_run
 from worker_server.autostart import SITE_DIR
 from worker_server.server import monitor_urls
@@ -50,6 +51,22 @@ def test_a_blank_monitor_entry_is_skipped_as_the_ranks_skip_it(capsys, monkeypat
     monkeypatch.setenv("LIGHTKEEPER_MONITOR", "http://m1:19400,")
     assert lk_run.run(_args("--print-env")) == 0
     assert "LIGHTKEEPER_AUTOSTART=1" in capsys.readouterr().out.splitlines()
+
+
+def test_a_monitor_url_without_a_port_is_refused_as_the_ranks_leave_it_out(capsys):
+    """``--monitor http://mon`` was run, and every rank registered with ``mon:80`` (the monitor
+    is on 19400): run.md says a URL that is not http(s)://host:port is refused with status 2.
+    Only https may leave the port out."""
+    for url in ("http://mon", "http://mon/v1", "http://u:pw@mon"):
+        assert lk_run.run(_args("--monitor", url, "--print-env")) == 2
+        assert capsys.readouterr().err == \
+            f"lightkeeper run: --monitor {redact_entry(url)!r} is not an http(s)://host:port URL\n"
+        assert monitor_urls(None, {"LIGHTKEEPER_MONITOR": f"{url},http://m1:19400"}) == \
+            ["http://m1:19400"]
+        assert "not an http(s)://host:port URL" in capsys.readouterr().err
+    # https may leave it out: 443, a monitor behind a TLS ingress (worker_server.md)
+    assert lk_run.bad_monitor_url("https://mon,https://m:8443,http://[::1]:19400/", None) is None
+    assert monitor_urls(None, {"LIGHTKEEPER_MONITOR": "https://mon"}) == ["https://mon"]
 
 
 def test_a_monitor_list_of_blanks_alone_is_refused_and_said_on_a_rank(capsys, monkeypatch):

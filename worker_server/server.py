@@ -33,8 +33,8 @@ import requests
 from http_serving import (
     BackgroundWSGIServer,
     failure_reason,
-    is_http_url,
     is_loopback_host,
+    is_monitor_url,
     redact_entry,
     redact_url,
     url_list,
@@ -123,7 +123,7 @@ def server_kind(given: str | None, env) -> str:
 def monitor_urls(given: str | None, env) -> list[str]:
     """The monitors to register with: ``given``, else ``LIGHTKEEPER_MONITOR``, comma-separated
     (sharded monitors, docs/scaling.md), blanks skipped. An entry that is no
-    ``http(s)://host[:port]`` URL is left out in one line (its password not shown): a typo in a
+    ``http(s)://host:port`` URL is left out in one line (its password not shown): a typo in a
     monitor's address costs that registration, never the rank's server (``lightkeeper run``
     refuses it up front). A list of blanks alone (``"$A,$B"`` with both unset) registers with
     none, said in one line too."""
@@ -135,7 +135,7 @@ def monitor_urls(given: str | None, env) -> list[str]:
         return []
     urls = []
     for url in given_urls:
-        if is_http_url(url):
+        if is_monitor_url(url):  # as lightkeeper run checks it
             urls.append(url)
         else:
             say(f"not registering with {redact_entry(url)!r} ({source}): not an "
