@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -127,3 +129,18 @@ def test_a_bad_cuda_timing_is_a_usage_error_before_torch(monkeypatch, capsys):
                              "--no-worker-server"])) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--inject", "hang:at=3"], "argument --inject: "),
+    (["--inject", "slow:delay=1e6"], "argument --inject: "),
+    (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    (["--cross-group", "mpi"], "argument --cross-group: invalid choice: 'mpi'"),
+])
+def test_a_value_argparse_refuses_is_one_line_too(argv, said):
+    """trainer.md says a bad flag value is one line on stderr and status 2: argparse printed its
+    whole usage block first. Run as an operator runs it."""
+    res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "train", *argv],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"lightkeeper train: error: {said}"), res.stderr

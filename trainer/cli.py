@@ -46,6 +46,9 @@ def fault_spec(value: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    # a value argparse refuses (--inject hang:at=3, --steps x) in one line, as the values
+    # config_from_args refuses: no usage block before it
+    p.error = lambda message: p.exit(2, f"{p.prog}: error: {message}\n")  # type: ignore[method-assign]
     p.add_argument("--replica-group", type=int, default=None,
                    help="replica group index (env REPLICA_GROUP_ID; default 0)")
     p.add_argument("--num-replica-groups", type=int, default=None,
