@@ -49,3 +49,15 @@ def test_a_manual_eviction_of_no_possible_group_is_a_400(monitor, group):
 def test_a_goodput_query_that_is_no_integer_is_a_400(monitor, query):
     r = requests.get(monitor.url + "/v1/goodput?" + query, timeout=10)
     assert r.status_code == 400 and query.split("=")[0] in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/goodput?intervals=-1", "/v1/goodput?incidents=-5",
+                                  "/v1/findings?limit=0", "/v1/evictions?limit=-1",
+                                  "/v1/incidents?limit=-1"])
+def test_a_count_below_its_least_is_a_400_not_raised_to_it(monitor, path):
+    """``?intervals=-1`` answered 200 as ``intervals=0`` while the 400 for ``x`` said "(0 to
+    10000)": a count below the range is refused as one that is no integer."""
+    r = requests.get(monitor.url + path, timeout=10)
+    name = path.split("?")[1].split("=")[0]
+    assert r.status_code == 400 and r.json()["error"].startswith(f"{name} must be"), r.text
+    assert requests.get(monitor.url + path.split("=")[0] + "=10", timeout=10).status_code == 200

@@ -73,9 +73,11 @@ def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
     try:
         n = decimal_int(raw)
     except ValueError:
+        n = least - 1
+    if n < least:  # a -1 read as the least would answer what was not asked
         raise BadTarget(f"{name} must be a decimal integer ({least} to 10000; more reads as "
-                        f"10000), got {raw[:40]!r}") from None
-    return max(least, min(n, 10_000))
+                        f"10000), got {raw[:40]!r}")
+    return min(n, 10_000)
 
 
 def overview_groups(monitor: Any, view: Any) -> dict[str, Any]:
