@@ -64,16 +64,23 @@ def build_sinks(cfg: MonitorConfig) -> list:
 
 
 def check_paths(cfg: MonitorConfig) -> None:
-    """Refuse (ConfigError) a ``--bundle-dir`` that cannot be made or written and an ``--sd-out``
+    """Refuse (ConfigError) the bundles' folder (``--bundle-dir``, or incidents/ beside --state)
+    when it cannot be made or written, or is the --state file or in it, and an ``--sd-out``
     that is not file_sd JSON, making nothing: a refused start leaves no --state behind. (The
-    default folder is beside --state, whose own trouble is said first: exit 1.)"""
-    d = cfg.bundles.dir if cfg.bundles.enabled else None
+    default's missing folders are --state's, whose own trouble hold_state says: exit 1.)"""
+    d = cfg.bundles.directory(cfg.state_path) if cfg.bundles.enabled else None
     if d:
+        said = f"--bundle-dir {d}" if cfg.bundles.dir else \
+            f"the bundles' default folder {d} (beside --state)"
+        real, state = os.path.realpath(d), os.path.realpath(cfg.state_path)
+        if cfg.state_path != ":memory:" and (real == state or real.startswith(state + os.sep)):
+            raise ConfigError(f"{said}: {cfg.state_path} is --state's file; name a folder of "
+                              "the bundles' own (--bundle-dir)")
         up = os.path.abspath(d)
-        while not os.path.lexists(up):  # the nearest that exists: the rest is made in it
+        while cfg.bundles.dir and not os.path.lexists(up):  # the rest is made in the nearest
             up = os.path.dirname(up)
-        if not os.path.isdir(up) or not os.access(up, os.W_OK | os.X_OK):
-            raise ConfigError(f"--bundle-dir {d}: {up} is not a "
+        if os.path.lexists(up) and not (os.path.isdir(up) and os.access(up, os.W_OK | os.X_OK)):
+            raise ConfigError(f"{said}: {up} is not a "
                               f"{'writable ' if os.path.isdir(up) else ''}folder")
     if cfg.sd_out:
         check_sd_out(cfg.sd_out)

@@ -241,18 +241,25 @@ def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path
         first.stop()
 
 
-@pytest.mark.parametrize("argv,said", [
-    (["--action", "slurm"], "--action slurm: scontrol cannot read Slurm's configuration"),
+@pytest.mark.parametrize("argv,said,files", [
+    (["--action", "slurm"], "--action slurm: scontrol cannot read Slurm's configuration", ()),
     (["--action", "exec:/no/such/hook"],
-     "--action 'exec:/no/such/hook': '/no/such/hook' is not an executable"),
-    (["--bundle-dir", "{tmp}/afile/b"], "--bundle-dir {tmp}/afile/b: "),
-    (["--sd-out", "{tmp}/other.json"], "--sd-out {tmp}/other.json exists and is not a file_sd")],
-    ids=["slurm", "exec", "bundle-dir", "sd-out"])
-def test_a_refused_start_leaves_the_state_as_it_was(tmp_path, argv, said):
+     "--action 'exec:/no/such/hook': '/no/such/hook' is not an executable", ()),
+    (["--bundle-dir", "{tmp}/afile/b"], "--bundle-dir {tmp}/afile/b: ", ()),
+    (["--bundle-dir", "{state}"], "--bundle-dir {state}: {state} is --state's file", ()),
+    (["--bundle-dir", "{state}/b"], "--bundle-dir {state}/b: ", ()),
+    ([], "the bundles' default folder {dir}/incidents (beside --state): {dir}/incidents is "
+     "not a folder", ("incidents", "new/incidents")),
+    (["--sd-out", "{tmp}/other.json"], "--sd-out {tmp}/other.json exists and is not a file_sd",
+     ())],
+    ids=["slurm", "exec", "bundle-dir", "bundle-dir-state", "bundle-dir-in-state",
+         "default-bundle-dir", "sd-out"])
+def test_a_refused_start_leaves_the_state_as_it_was(tmp_path, argv, said, files):
     """What may refuse the configuration is checked before ``--state`` is touched: a refused
-    ``--action``, ``--bundle-dir`` or ``--sd-out`` makes no state file (nor its folder, its lock,
-    the default ``--sd-out``'s lock or bundle folder), and leaves an existing one byte for byte.
-    A stand-in ``scontrol`` that cannot read Slurm's configuration, as Slurm's says it."""
+    ``--action``, bundles' folder (``--bundle-dir`` or the default beside ``--state``) or
+    ``--sd-out`` makes no state file (nor its folder, its lock, the default ``--sd-out``'s lock
+    or bundle folder), and leaves an existing one byte for byte. A stand-in ``scontrol`` that
+    cannot read Slurm's configuration, as Slurm's says it."""
     (tmp_path / "bin").mkdir()
     fake = tmp_path / "bin" / "scontrol"
     fake.write_text('#!/bin/sh\necho "scontrol: fatal: Could not establish a configuration '
@@ -260,24 +267,24 @@ def test_a_refused_start_leaves_the_state_as_it_was(tmp_path, argv, said):
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("SLURM_CONF", None)
-    (tmp_path / "afile").write_text("")
-    (tmp_path / "other.json").write_text("not json")
+    for name in ("afile", "other.json", *files):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("not json")
     Store(str(tmp_path / "old.sqlite")).close()
     kept = (tmp_path / "old.sqlite").read_bytes()
-    before = sorted(p.name for p in tmp_path.iterdir())
-    fresh = tmp_path / "new" / "m.sqlite"
-    argv, said = [a.format(tmp=tmp_path) for a in argv], said.format(tmp=tmp_path)
-    for state in (fresh, tmp_path / "old.sqlite"):
+    before = sorted(tmp_path.rglob("*"))
+    for state in (tmp_path / "new" / "m.sqlite", tmp_path / "old.sqlite"):
+        said_here = said.format(tmp=tmp_path, state=state, dir=state.parent)
         p = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
-                            "--state", str(state), *argv],
+                            "--state", str(state),
+                            *(a.format(tmp=tmp_path, state=state) for a in argv)],
                            env=env, capture_output=True, text=True, timeout=30)
         assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
         line = p.stderr.strip().splitlines()[-1]
-        assert line.startswith(f"lightkeeper monitor: {said}"), line
-    assert not fresh.exists() and not fresh.parent.exists()
+        assert line.startswith(f"lightkeeper monitor: {said_here}"), line
     assert (tmp_path / "old.sqlite").read_bytes() == kept
-    # no -wal, -shm nor .lock; no incidents/ nor the --sd-out's lock
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    # no state file nor folder, no -wal, -shm nor .lock; no incidents/ nor the --sd-out's lock
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_a_restarted_monitor_re_adopts_registrations_not_old_static_targets(tmp_path):
