@@ -251,15 +251,19 @@ def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path
     ([], "the bundles' default folder {dir}/incidents (beside --state): {dir}/incidents is "
      "not a folder", ("incidents", "new/incidents")),
     (["--sd-out", "{tmp}/other.json"], "--sd-out {tmp}/other.json exists and is not a file_sd",
-     ())],
+     ()),
+    (["--sd-out", "{tmp}/object.json"],
+     "--sd-out {tmp}/object.json exists and is not a file_sd", ()),
+    (["--sd-out", "{tmp}/afolder"], "--sd-out {tmp}/afolder is a folder", ())],
     ids=["slurm", "exec", "bundle-dir", "bundle-dir-state", "bundle-dir-in-state",
-         "default-bundle-dir", "sd-out"])
+         "default-bundle-dir", "sd-out", "sd-out-json-object", "sd-out-folder"])
 def test_a_refused_start_leaves_the_state_as_it_was(tmp_path, argv, said, files):
     """What may refuse the configuration is checked before ``--state`` is touched: a refused
     ``--action``, bundles' folder (``--bundle-dir`` or the default beside ``--state``) or
-    ``--sd-out`` makes no state file (nor its folder, its lock, the default ``--sd-out``'s lock
-    or bundle folder), and leaves an existing one byte for byte. A stand-in ``scontrol`` that
-    cannot read Slurm's configuration, as Slurm's says it."""
+    ``--sd-out`` (a folder, or a file that is not file_sd JSON) makes no state file (nor its
+    folder, its lock, the default ``--sd-out``'s lock or bundle folder), and leaves an existing
+    one byte for byte. A stand-in ``scontrol`` that cannot read Slurm's configuration, as
+    Slurm's says it."""
     (tmp_path / "bin").mkdir()
     fake = tmp_path / "bin" / "scontrol"
     fake.write_text('#!/bin/sh\necho "scontrol: fatal: Could not establish a configuration '
@@ -270,6 +274,8 @@ def test_a_refused_start_leaves_the_state_as_it_was(tmp_path, argv, said, files)
     for name in ("afile", "other.json", *files):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("not json")
+    (tmp_path / "object.json").write_text('{"x": 1}')  # JSON, not a list of target groups
+    (tmp_path / "afolder").mkdir()
     Store(str(tmp_path / "old.sqlite")).close()
     kept = (tmp_path / "old.sqlite").read_bytes()
     before = sorted(tmp_path.rglob("*"))

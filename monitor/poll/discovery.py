@@ -131,18 +131,22 @@ def _read_file_sd(path: str, ours: bool = False) -> tuple[dict[str, Target], lis
 
 
 def check_sd_out(path: str) -> None:
-    """Raise ConfigError when ``path`` exists and is not JSON (another program's file, or a
-    monitor's --state): never replaced. Missing, empty or zeros (a power loss before an older
-    version's unsynced write): fine."""
+    """Raise ConfigError when ``path`` is a folder, or exists and is not file_sd JSON (a list of
+    target groups; another program's file, or a monitor's --state): never replaced. Missing,
+    empty or zeros (a power loss before an older version's unsynced write): fine."""
+    if os.path.isdir(path):
+        raise ConfigError(f"--sd-out {path} is a folder: name the file_sd file to write")
     try:
         with open(path, "rb") as f:
-            json.loads(f.read().strip(b"\0 \t\r\n") or b"[]")
+            if isinstance(json.loads(f.read().strip(b"\0 \t\r\n") or b"[]"), list):
+                return
     except OSError:
         return
     except ValueError:  # UnicodeDecodeError is one
-        raise ConfigError(f"--sd-out {path} exists and is not a file_sd JSON file (another "
-                          "program's, or a monitor's --state?): not replaced; name another "
-                          "path, or remove it") from None
+        pass
+    raise ConfigError(f"--sd-out {path} exists and is not a file_sd JSON file (another "
+                      "program's, or a monitor's --state?): not replaced; name another "
+                      "path, or remove it")
 
 
 def _skipped(skipped: list[str]) -> str:
@@ -433,7 +437,7 @@ class Discovery:
     def restore(self, path: str) -> None:
         """Re-adopt the registered targets a previous run wrote (:meth:`write_file_sd`), not
         another ``--job``'s; a missing, empty or broken file restores nothing. Holds ``path``
-        first: raises ConfigError when another monitor writes it, or it is not JSON at all."""
+        first: raises ConfigError when another monitor writes it, or it is not file_sd at all."""
         self._hold(path)
         check_sd_out(path)
         try:
