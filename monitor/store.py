@@ -285,12 +285,10 @@ class Store(GoodputTables, HostTables):
                     "WHERE id=?", (at, resolution, None if evidence is None
                                    else json.dumps(evidence, default=str), finding_id))
 
-    def update_finding_evidence(self, finding_id: int, evidence: dict[str, Any],
-                                replica_id: str | None = None) -> None:
-        """An open finding's evidence replaced (a job-wide finding's new probe verdict), and its
-        ``replica_id`` if given (a fault its group's next incarnation repeats)."""
-        self._write("UPDATE findings SET evidence=?, replica_id=COALESCE(?, replica_id) "
-                    "WHERE id=?", (json.dumps(evidence, default=str), replica_id, finding_id))
+    def update_finding_evidence(self, finding_id: int, evidence: dict[str, Any]) -> None:
+        """An open finding's evidence replaced (a job-wide finding's new probe verdict)."""
+        self._write("UPDATE findings SET evidence=? WHERE id=?",
+                    (json.dumps(evidence, default=str), finding_id))
 
     def finding_resolution(self, finding_id: int | None) -> str | None:
         rows = self._rows("SELECT resolution FROM findings WHERE id=?", (finding_id,))

@@ -76,30 +76,3 @@ def test_a_group_restarted_into_a_running_job_is_held_while_it_compiles():
     assert compiling_group_1(job, det, [float(t) for t in range(1, 31)]) == []
     found = compiling_group_1(job, det, [301.0])
     assert [(f.kind, f.replica_group) for _, f in found] == [("hang", 1)]
-
-
-def test_a_first_step_hang_named_at_the_quorum_names_its_groups_next_incarnation_hung_again():
-    """No collective names it (level ``quorum``). Named, its eviction held, group 1 is restarted
-    under a new replica id (the others' wait cut meanwhile) and hangs in its first step again:
-    the same finding, open in between, names the new incarnation at the others' first wait
-    past the plain threshold (the slot has held them long enough)."""
-    job, det = first_step_job(in_dumps=False)
-    compiling_group_1(job, det, [float(t) for t in range(1, 11)] + [299.0, 301.0])
-    (f,) = hangs = [f for f in det.open_findings() if f.kind == "hang"]
-    for r in range(job.world):  # restarted: the others wait in no collective a while
-        job.wait(r, None, phase="quorum")
-        if job.group_of(r) == 1:
-            job.states[r].update(replica_id="replica_group_1:next", pid=job.states[r]["pid"] + 1)
-    found = sweep(det, job, T0 + 302.0)
-    assert [f for f in det.open_findings() if f.kind == "hang"] == hangs
-    for t in (303.0, 305.0, 307.0):
-        for r in range(job.world):
-            if job.group_of(r) == 1:
-                job.wait(r, None, phase="forward")
-            else:
-                job.wait(r, "cross", t - 302.0, phase="allreduce")
-        found += sweep(det, job, T0 + t)
-    assert [f for f in found if f.kind == "hang"] == []
-    assert [f for f in det.open_findings() if f.kind == "hang"] == hangs
-    assert (f.replica_id, f.evidence["level"], f.evidence["incarnations"]) == (
-        "replica_group_1:next", "quorum", 2)

@@ -41,13 +41,11 @@ def in_quorum_by_replica_id(evidence: ClusterView) -> dict[str | None, set[int]]
 
 def out_of_sight(evidence: ClusterView, f: Finding) -> bool:
     """No rank of the group answers this sweep, so its finding waits: a kill for a group
-    nobody sees would start the cooldown and hide the death that follows. Never a dead one.
-    Nor does one of an incarnation the group no longer runs (a first-step hang carried through
-    its restart until the next one hangs again: it then names that one)."""
+    nobody sees would start the cooldown and hide the death that follows. Never a dead one."""
     if f.kind in DEAD_KINDS:
         return False
     gv = evidence.groups.get(f.replica_group)
-    return gv is None or not gv.reachable or f.replica_id not in (None, gv.replica_id)
+    return gv is None or not gv.reachable
 
 
 def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig, who: str = "the monitor",
@@ -132,18 +130,6 @@ class Enforcer(HostSide, Confirmations):
         self._unrecorded = []
         self._recorded += new  # a failed resolution below must not lose them either
         failed = None
-        # an open finding that names its group's next incarnation (the same fault): one row
-        for old, key in self.detectors.moved_findings().items():
-            if (fid := self._finding_ids.pop(old, None)) is None:
-                continue
-            self._finding_ids[key] = fid
-            if old in self._last_decision:  # its hold, recorded once per reason, holds on
-                self._last_decision[key] = self._last_decision.pop(old)
-            if (f := self.detectors.findings.open.get(key)) is not None:
-                try:
-                    self.store.update_finding_evidence(fid, f.evidence, f.replica_id)
-                except sqlite3.Error as e:  # a note: its lifecycle goes on
-                    failed = f"{type(e).__name__}: {e}"
         for f in self.detectors.job_findings():
             said = gist(f.evidence.get("probe"))
             if f.key in self._finding_ids and said != self._verdicts.get(f.key):

@@ -94,11 +94,6 @@ class Detectors:
         return self._guarded("network", lambda: self.net.judge(
             view, rnd, now, blind, self.jobwide.suspected()))
 
-    def moved_findings(self) -> dict[tuple, tuple]:
-        """Once each: the open findings that name another incarnation now, old key -> new."""
-        moved, self.findings.moved = self.findings.moved, {}
-        return moved
-
     def network_hosts_added(self) -> list[tuple[Finding, list[str]]]:
         """Once each: open network findings whose refresh named hosts they had not charged,
         with those hosts (Network.added_hosts)."""
@@ -222,7 +217,7 @@ class Detectors:
             ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted,
                                                lighthouse, cut_off, full)))
         new = [f for name, step in steps for f in self._guarded(name, step)]
-        self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps, cut_off, self.hang.kept)
+        self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps, cut_off)
         self._note_commit_failures(view)
         self._episodes_over(full)
         return new
@@ -297,13 +292,13 @@ class Detectors:
 
     def _remember_groups(self, view: ClusterView) -> None:
         """A new group or replica id: a fresh memory, the earlier incarnation's findings
-        ``replaced`` (but ``dead``, ``stuck_starting`` and ``hang``, which judge that alone)."""
+        ``replaced`` (but ``dead`` and ``stuck_starting``, which judge that alone)."""
         for g in self._seen.changed(view)[0]:
             rid, mem = view.groups[g].replica_id, self._groups.get(g)
             if mem is None or (rid is not None and mem.replica_id != rid):
                 if mem is not None:
                     self.findings.resolve_where("replaced", self.clock(), group=g,
-                                                keep=("dead", "stuck_starting", "hang"))
+                                                keep=("dead", "stuck_starting"))
                 self._groups[g] = GroupMemory(rid)
 
     def _starting_urls(self, full: ClusterView) -> list[str] | None:

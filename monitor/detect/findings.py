@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,6 @@ class Findings:
     def __init__(self) -> None:
         self.open: dict[tuple, Finding] = {}
         self.resolved: deque[Finding] = deque(maxlen=200)
-        self.moved: dict[tuple, tuple] = {}  # old key -> new, until the audit log follows
 
     def groups(self, *kinds: str) -> set[int]:
         return {k[1] for k in self.open if k[0] in kinds}
@@ -84,13 +82,6 @@ class Findings:
                         ", ".join(sorted({str(c["host"]) for c in culprits})))
         return f
 
-    def move(self, key: tuple, replica_id: str | None) -> None:
-        """An open finding now names another incarnation of its group (the same fault again)."""
-        f = self.open.pop(key)
-        f.replica_id = replica_id
-        self.open[f.key] = f
-        self.moved[key] = f.key
-
     def report(self, f: Finding) -> bool:
         if f.key in self.open:
             return False
@@ -110,11 +101,11 @@ class Findings:
             self.resolve(key, how, now)
 
     def resolve_gone(self, view: ClusterView, full: ClusterView, now: float,
-                     dead_sweeps: int = 1, blind: bool = False, kept: Container = ()) -> None:
+                     dead_sweeps: int = 1, blind: bool = False) -> None:
         """Resolve the group findings whose group left the view (``gone``; ``dead`` and
         ``stuck_starting``: the full view) or had no rank
-        reachable for ``dead_sweeps`` sweeps (``left_job``, but ``dead``, ``stuck_starting`` and
-        the keys ``kept``; none while ``blind``: the monitor may be the one cut off)."""
+        reachable for ``dead_sweeps`` sweeps (``left_job``, but ``dead`` and ``stuck_starting``;
+        none while ``blind``: the monitor may be the one cut off)."""
         for key in list(self.open):
             kind, g, _rid = key
             if kind in JOB_KINDS:
@@ -123,8 +114,7 @@ class Findings:
             gv = (full if kind in ("dead", "stuck_starting") else view).groups.get(g)
             if gv is None:
                 self.resolve(key, "gone", now)
-            elif not blind and kind not in ("dead", "stuck_starting") and key not in kept \
-                    and not gv.reachable \
+            elif not blind and kind not in ("dead", "stuck_starting") and not gv.reachable \
                     and all(r.ended or r.failures >= dead_sweeps for r in gv.ranks):
                 # one missed sweep is no leaving: closing then would reopen the same episode
                 self.resolve(key, "left_job", now)

@@ -86,7 +86,6 @@ class Hang:
         # untimed group -> (last held, replica ids, incarnations, named, the earlier
         # incarnations' waits summed, their longest, this one's longest)
         self._first_held: dict[int, tuple] = {}
-        self.kept: set[tuple] = set()  # open hangs a named first-step hold carries on
 
     def threshold(self, view: ClusterView) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
@@ -127,9 +126,6 @@ class Hang:
         named = named or held >= threshold
         self._first_held[g] = (now, ids, n, named, acc, cut, own)
         if named:
-            for key in [k for k in self.kept if k[1] == g and k[2] != gv.replica_id]:
-                self.findings.move(key, gv.replica_id)  # the same fault: one finding names it
-                self.kept = self.kept - {key} | {("hang", g, gv.replica_id)}
             return threshold, {"held_s": round(held, 3), "incarnations": n} \
                 if held > longest + 1.0 else {}
         if ids != was:
@@ -216,15 +212,13 @@ class Hang:
               now: float, evicted: Container[str] = ()) -> list[Finding]:
         stalled, longest, threshold, waits = self.stall(view, now)
         findings = self.findings
-        self._carry(view, now, evicted)
         if not stalled:
             new = self._unasked(view, now, evicted=evicted)
-            if not new:  # but a first-step hold's named fault, carried on
-                for key in [k for k in findings.open if k[0] == "hang" and k not in self.kept]:
-                    findings.resolve(key, "progress", now)
+            if not new:
+                findings.resolve_where("progress", now, ("hang",))
             return [f for f in new if f]
         if analysis is None:  # no dumps (a torch without the Flight Recorder): the states alone
-            return [f for f in self._unasked(view, now, evicted, findings.open) if f]
+            return [f for f in self._unasked(view, now, evicted, findings.groups("hang")) if f]
         new = []
         newest_q = view.quorum_id
         rank_group = rank_groups(view, dumps)
@@ -285,31 +279,15 @@ class Hang:
                   "analysis": [h["raw"] for h in found]
                   + [h["raw"] for h in cross.get(g, []) if h not in found]}
             new.append(findings.confirm("hang", gv, ranks, ev, now - longest, now, view))
-        new += self._unasked(view, now, evicted, findings.open)  # engine's named first
+        new += self._unasked(view, now, evicted, findings.groups("hang"))  # engine's named first
         return [f for f in new if f]
 
-    def _carry(self, view: ClusterView, now: float, evicted: Container[str]) -> None:
-        """:attr:`kept`: the open hangs of a slot whose first-step hold was named and goes on
-        (not evicted, it held the others within the hold's gap), open through its restarts
-        until an incarnation is named again (then under that one's replica id) or the slot
-        trains; any other of an earlier incarnation closes ``replaced``."""
-        self.kept = set()
-        for key in [k for k in self.findings.open if k[0] == "hang"]:
-            held = self._first_held.get(key[1])
-            if held is not None and held[3] and key[2] not in evicted \
-                    and now - held[0] <= max(self.cfg.starting_timeout_s, HOLD_GAP_S):
-                self.kept.add(key)
-            elif (gv := view.groups.get(key[1])) is not None \
-                    and gv.replica_id not in (None, key[2]):
-                self.findings.resolve(key, "replaced", now)
-
     def _unasked(self, view: ClusterView, now: float, evicted: Container[str] = (),
-                 named: Container[tuple] = ()) -> list:
+                 named: set[int] = frozenset()) -> list:
         """Hangs of the groups of the newest quorum that never asked for the next one while the
         others, at the same step, wait across groups for it (the longest past the threshold):
         LocalSGD and DiLoCo meet at a quorum before their all_reduce, so the Flight Recorder
-        holds nothing the hung group never entered. ``named``: the open findings' keys (an
-        incarnation's hang open already is left as it stands)."""
+        holds nothing the hung group never entered."""
         if self.stalled_sweeps < 1:
             return []
         idle, waited, steps = [], {}, set()
@@ -334,8 +312,7 @@ class Hang:
         out = []
         for gv in idle:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
-            if ("hang", gv.replica_group, gv.replica_id) in named \
-                    or self._held(view, gv.replica_group, ranks, now):
+            if gv.replica_group in named or self._held(view, gv.replica_group, ranks, now):
                 continue
             if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:
                 continue

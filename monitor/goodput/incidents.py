@@ -27,16 +27,6 @@ SLOWING = frozenset({"straggler", "job_slow"})
 UNSTOPPING = OUT_KINDS | SLOWING
 
 
-def follow(inc: Incident, f: dict[str, Any], fid: int, dirty: set[int]) -> None:
-    """The incident not evicted names the incarnation its first finding names now: that fault
-    repeated in the group's next one (a first step hung again, monitor.detect.hang)."""
-    rid = f.get("replica_id")
-    if fid == inc.finding_ids[0] and inc.evicted_at is None and rid is not None \
-            and rid != inc.replica_id and inc.replica_group == f.get("replica_group"):
-        inc.replica_id = rid
-        dirty.add(inc.id)
-
-
 class Incidents(dict[int, Incident]):
     """Incidents by id; ``on_open`` is called with each new one."""
 
@@ -69,10 +59,7 @@ class Incidents(dict[int, Incident]):
             self.dirty.update(new)  # saved soon: a restart before the next save holds them anew
         for f in findings:
             fid = as_int(f.get("id"))
-            if fid is None:
-                continue
-            if (inc := next((i for i in self.values() if fid in i.finding_ids), None)) is not None:
-                follow(inc, f, fid, self.dirty)
+            if fid is None or any(fid in i.finding_ids for i in self.values()):
                 continue
             same = [i for i in self.values() if i.open
                     and i.replica_group == f.get("replica_group")

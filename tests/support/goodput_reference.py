@@ -22,8 +22,7 @@ And: a commit the ranks date at or before the previous sweep is dated at the swe
 after a sweep's time is not acted on in that sweep (``_explaining``, ``_account``), a closed
 incident's group-steps are in the baseline it closed with (``_follow_incidents``,
 ``incident_json``), and a slice whose cause is final is counted at once, though it settles in
-its group's time order (``_settle``). And: an incident not evicted names the incarnation its first
-finding names now (``_ingest_findings``)."""
+its group's time order (``_settle``)."""
 
 from __future__ import annotations
 
@@ -357,14 +356,7 @@ class GoodputLedger:
             if fid is None:
                 continue
             open_ids.add(fid)
-            inc = next((i for i in self.incidents.values() if fid in i.finding_ids), None)
-            if inc is not None:
-                # its first finding names the group's next incarnation: the incident follows
-                rid = f.get("replica_id")
-                if fid == inc.finding_ids[0] and inc.evicted_at is None and rid is not None \
-                        and rid != inc.replica_id and inc.replica_group == f.get("replica_group"):
-                    inc.replica_id = rid
-                    self._dirty_incidents.add(inc.id)
+            if any(fid in i.finding_ids for i in self.incidents.values()):
                 continue
             # one incident per faulty incarnation: a later finding about the same replica id
             # (the `dead` that follows a kill, the same fault confirmed again by a restarted
