@@ -142,7 +142,7 @@ class Monitor:
         left = self.store.open_finding_ids()
         for fid in left.values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
-        self.detectors.restarted = dict.fromkeys(k[:2] for k in left)
+        self.detectors.restarted = dict.fromkeys(left)
         self.store.interrupt_sending()
         last = self.store.last_eviction_at()
         if last is not None:

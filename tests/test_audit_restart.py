@@ -479,6 +479,34 @@ def test_a_new_stall_after_the_job_restarted_from_a_checkpoint_counts(tmp_path, 
         mon.stop()
 
 
+@pytest.mark.parametrize("job", [2], indirect=True)
+def test_a_new_fault_of_another_incarnation_after_a_restart_counts(tmp_path, job):
+    """The --state holds an open `dead_rank` of group 1 under a replica id the group no longer
+    runs (an earlier incarnation, or an earlier job on this --state). Today's group 1 loses a
+    rank before it steps: a new fault, counted (a mark by kind and group alone hid it)."""
+    s = Store(str(tmp_path / "state.sqlite"))
+    s.add_finding({"kind": "dead_rank", "replica_group": 1, "ranks": [3],
+                   "replica_id": "replica_group_1:earlier", "evidence": {"summary": "old"},
+                   "first_seen": time.time() - 100, "confirmed_at": time.time() - 90})
+    s.close()
+    cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+                        sd_out=str(tmp_path / "t.json"), job="sim", lighthouse=job.url,
+                        targets=job.sim.urls, detectors=DetectorConfig(dead_sweeps=2),
+                        rails=RailsConfig(dry_run=True))
+    mon = Monitor(cfg).start()
+    try:
+        wait_until(lambda: mon.sweeps >= 3, 15, what="three sweeps")
+        victim = job.sim.group(1)[1]
+        assert victim.state["replica_id"] != "replica_group_1:earlier"
+        victim.set_mode("down")
+        wait_until(lambda: any(f["kind"] == "dead_rank" and f["open"] for f in requests.get(
+            mon.url + "/v1/findings", timeout=5).json()), 20, what="the new dead_rank")
+        assert mon.metrics.registry.get_sample_value("lightkeeper_monitor_findings_total", {
+            "job": "sim", "kind": "dead_rank", "replica_group": "1"}) == 1.0
+    finally:
+        mon.stop()
+
+
 def test_a_state_file_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path):
     """A monitor rolled back over a file a newer version changed incompatibly (its format,
     SQLite's user_version, raised) refuses it in one line, exit status 1, and keeps its

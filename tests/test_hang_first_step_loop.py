@@ -187,7 +187,7 @@ def _acted_on(slot: _Slot, tmp_path, rails: dict) -> tuple[Enforcer, Kills, Comp
     left = store.open_finding_ids()
     for fid in left.values():
         store.resolve_finding(fid, slot.now, "monitor_restarted")
-    slot.det.restarted = dict.fromkeys(k[:2] for k in left)
+    slot.det.restarted = dict.fromkeys(left)
 
     def clock() -> float:
         return slot.now

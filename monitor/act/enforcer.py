@@ -122,8 +122,8 @@ class Enforcer(HostSide, Confirmations):
                 self._recorded += new[:i]  # written: handed on (offences, bundles) then
                 raise
             group = "job" if f.replica_group is None else str(f.replica_group)
-            if (f.kind, f.replica_group) in self.detectors.restarted:  # counted by the last run
-                del self.detectors.restarted[f.kind, f.replica_group]
+            if f.key in self.detectors.restarted:  # counted by the run that found it
+                del self.detectors.restarted[f.key]
             else:
                 self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
             self._verdicts[f.key] = gist(f.evidence.get("probe"))

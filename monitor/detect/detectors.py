@@ -58,9 +58,9 @@ class Detectors:
         self._noted: tuple[ClusterView, float] | None = None  # the sweep _note_sweep last noted
         # [now, the dumps, their traces, errors, the engine's findings or None] of the last look
         self._look: list | None = None
-        # (kind, group) of the findings a previous run left open (set by the Monitor) -> their
-        # group's lowest step seen since: their first confirmation here, of whichever incarnation
-        # (a held first-step hang moves on), is that episode again, until _episodes_over
+        # keys of the findings a previous run left open (set by the Monitor) -> their group's
+        # lowest step seen since: their first confirmation here is that episode again (counted
+        # by the run that found it), until _episodes_over
         self.restarted: dict[tuple, int | None] = {}
 
     @property
@@ -229,7 +229,7 @@ class Detectors:
         job-wide finding): a stall commits none, a dead rank does not answer; a fault back
         later is a new episode."""
         for key, was in list(self.restarted.items()):
-            kind, g = key
+            kind, g, _ = key
             gv = full.groups.get(g)
             step = full.newest_step() if g is None else gv.step if gv else None
             if step is None:
