@@ -90,7 +90,7 @@ def is_http_url(url: str) -> bool:
 def is_monitor_url(url: str) -> bool:
     """:func:`is_http_url` with a port, which only ``https`` may leave out (443: a monitor behind
     a TLS ingress): ``http://mon`` is port 80, a monitor's ``:19400`` forgotten."""
-    return is_http_url(url) and (urlsplit(url).port is not None or url.startswith("https:"))
+    return is_http_url(url) and (urlsplit(url).port is not None or urlsplit(url).scheme == "https")
 
 
 def url_list(raw: str | None) -> list[str] | None:

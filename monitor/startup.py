@@ -76,6 +76,8 @@ def check_paths(cfg: MonitorConfig) -> None:
         if cfg.state_path != ":memory:" and (real == state or real.startswith(state + os.sep)):
             raise ConfigError(f"{said}: {cfg.state_path} is --state's file; name a folder of "
                               "the bundles' own (--bundle-dir)")
+        if cfg.sd_out and os.path.realpath(cfg.sd_out) == real:
+            raise ConfigError(f"{said}: it is --sd-out's file; name a folder of the bundles' own")
         up = os.path.abspath(d)
         while cfg.bundles.dir and not os.path.lexists(up):  # the rest is made in the nearest
             up = os.path.dirname(up)

@@ -66,6 +66,7 @@ def test_a_monitor_url_without_a_port_is_refused_as_the_ranks_leave_it_out(capsy
         assert "not an http(s)://host:port URL" in capsys.readouterr().err
     # https may leave it out: 443, a monitor behind a TLS ingress (worker_server.md)
     assert lk_run.bad_monitor_url("https://mon,https://m:8443,http://[::1]:19400/", None) is None
+    assert lk_run.bad_monitor_url("HTTPS://mon,Https://mon.example/lk", None) is None
     assert monitor_urls(None, {"LIGHTKEEPER_MONITOR": "https://mon"}) == ["https://mon"]
 
 

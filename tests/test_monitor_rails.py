@@ -254,9 +254,12 @@ def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path
      ()),
     (["--sd-out", "{tmp}/object.json"],
      "--sd-out {tmp}/object.json exists and is not a file_sd", ()),
-    (["--sd-out", "{tmp}/afolder"], "--sd-out {tmp}/afolder is a folder", ())],
+    (["--sd-out", "{tmp}/afolder"], "--sd-out {tmp}/afolder is a folder", ()),
+    (["--bundle-dir", "{tmp}/x.json", "--sd-out", "{tmp}/x.json"],
+     "--bundle-dir {tmp}/x.json: it is --sd-out's file", ())],
     ids=["slurm", "exec", "bundle-dir", "bundle-dir-state", "bundle-dir-in-state",
-         "default-bundle-dir", "sd-out", "sd-out-json-object", "sd-out-folder"])
+         "default-bundle-dir", "sd-out", "sd-out-json-object", "sd-out-folder",
+         "bundle-dir-sd-out"])
 def test_a_refused_start_leaves_the_state_as_it_was(tmp_path, argv, said, files):
     """What may refuse the configuration is checked before ``--state`` is touched: a refused
     ``--action``, bundles' folder (``--bundle-dir`` or the default beside ``--state``) or

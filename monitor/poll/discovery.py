@@ -135,7 +135,8 @@ def check_sd_out(path: str) -> None:
     target groups; another program's file, or a monitor's --state): never replaced. Missing,
     empty or zeros (a power loss before an older version's unsynced write): fine."""
     if os.path.isdir(path):
-        raise ConfigError(f"--sd-out {path} is a folder: name the file_sd file to write")
+        raise ConfigError(f"--sd-out {path} is a folder: name the file_sd file to write (its "
+                          "default: beside --state)")
     try:
         with open(path, "rb") as f:
             if isinstance(json.loads(f.read().strip(b"\0 \t\r\n") or b"[]"), list):
@@ -146,7 +147,7 @@ def check_sd_out(path: str) -> None:
         pass
     raise ConfigError(f"--sd-out {path} exists and is not a file_sd JSON file (another "
                       "program's, or a monitor's --state?): not replaced; name another "
-                      "path, or remove it")
+                      "path (its default: beside --state), or remove it")
 
 
 def _skipped(skipped: list[str]) -> str:
