@@ -624,6 +624,18 @@ def dead_rank(mon: Monitor) -> list[dict]:
     return [f for f in findings(mon) if f["kind"] == "dead_rank" and f["open"]]
 
 
+def dead_rank_left_open(tmp_path, job, victim, dry: dict) -> None:
+    """A monitor finds ``victim`` dead (counted once) and stops with the finding open."""
+    mon = job_monitor(tmp_path, job, **dry)
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
+        victim.set_mode("down")
+        wait_until(lambda: dead_rank(mon), 15, what="dead_rank")
+        assert found_total(mon, "dead_rank") == 1
+    finally:
+        mon.stop()
+
+
 def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
     """A dead rank in a live group is found; the monitor restarts (its findings closed as
     ``monitor_restarted``) while the rank stays down. The new monitor never hears it, yet knows
@@ -634,14 +646,7 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
 
     victim = job.sim.group(1)[1]
     dry = {"rails": RailsConfig(dry_run=True)}
-    mon = job_monitor(tmp_path, job, **dry)
-    try:
-        wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
-        victim.set_mode("down")
-        wait_until(lambda: dead_rank(mon), 15, what="dead_rank")
-        assert found_total(mon, "dead_rank") == 1
-    finally:
-        mon.stop()
+    dead_rank_left_open(tmp_path, job, victim, dry)
     mon = job_monitor(tmp_path, job, **dry)
     try:
         wait_until(lambda: dead_rank(mon), 15, what="dead_rank found again")
@@ -668,13 +673,7 @@ def test_a_fault_healed_while_the_monitor_was_down_counts_when_it_comes_back(tmp
 
     victim = job.sim.group(1)[1]
     dry = {"rails": RailsConfig(dry_run=True)}
-    mon = job_monitor(tmp_path, job, **dry)
-    try:
-        wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
-        victim.set_mode("down")
-        wait_until(lambda: dead_rank(mon), 15, what="dead_rank")
-    finally:
-        mon.stop()
+    dead_rank_left_open(tmp_path, job, victim, dry)
     victim.set_mode("ok")
     mon = job_monitor(tmp_path, job, **dry)
     try:
