@@ -370,6 +370,7 @@ def test_a_monitor_killed_between_an_offence_and_its_host_row_still_quarantines(
     clock.t += 10
     led = HostLedger(store, QuarantineConfig(), [], "job", clock)
     f = finding("hang", "h1", None)
+    f["reconfirmed"] = True  # its key was among those the restart closed
     f["id"] = store.add_finding({**f, "first_seen": clock()})
     led.record([f], clock())
     assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
@@ -549,6 +550,7 @@ def test_an_episode_confirmed_again_after_a_monitor_restart_is_not_a_second_offe
     led.record([f], clock())
     led.store.resolve_finding(f["id"], clock(), "monitor_restarted")  # what a restart does
     again = finding("straggler", "h1", None)
+    again["reconfirmed"] = True  # its key was among those the restart closed
     again["id"] = led.store.add_finding({**again, "first_seen": clock()})
     led.record([again], clock())
     assert [(o["counts"], o["note"]) for o in led.to_json(clock())[0]["offences"]] == [
@@ -560,15 +562,15 @@ def test_an_episode_confirmed_again_after_a_monitor_restart_is_not_a_second_offe
     assert led.decide(clock(), None, 40)[0]["decision"] == "quarantine"
 
 
-def test_after_a_restart_only_the_first_reconfirmation_of_an_incarnation_is_skipped(tmp_path):
-    """The episode a restart closed is not counted twice, but the same incarnation's later
-    episodes are offences again. Before, every later finding of that replica matched the
-    offence whose finding the restart closed and was skipped: the host was never quarantined."""
+def test_after_a_restart_only_the_reconfirmed_episode_of_an_incarnation_is_skipped(tmp_path):
+    """The episode a restart closed, confirmed again, is not counted twice, but the same
+    incarnation's later episodes are offences again."""
     clock = Clock()
     led = ledger(tmp_path, clock, after={"straggler": 2})
 
-    def episode() -> int:
+    def episode(reconfirmed: bool = False) -> int:
         f = finding("straggler", "h1", None)
+        f["reconfirmed"] = reconfirmed
         f["id"] = led.store.add_finding({**f, "first_seen": clock()})
         led.record([f], clock())
         clock.t += 10
@@ -576,7 +578,7 @@ def test_after_a_restart_only_the_first_reconfirmation_of_an_incarnation_is_skip
 
     led.store.resolve_finding(episode(), clock(), "monitor_restarted")
     led = HostLedger(led.store, led.cfg, [], "job", clock)  # the restarted monitor's
-    episode()  # the same episode, confirmed again: not counted
+    episode(reconfirmed=True)  # the same episode, confirmed again: not counted
     assert led.decide(clock(), None, 40) == []
     episode()  # a new episode of the same incarnation: the second offence
     assert [d["decision"] for d in led.decide(clock(), None, 40)] == ["quarantine"]

@@ -624,6 +624,13 @@ def dead_rank(mon: Monitor) -> list[dict]:
     return [f for f in findings(mon) if f["kind"] == "dead_rank" and f["open"]]
 
 
+def offences(mon: Monitor) -> list[tuple]:
+    """(counts, note) of the host ledger's dead_rank offences on the sim's host, newest first."""
+    hosts = requests.get(mon.url + "/v1/hosts", timeout=5).json()["hosts"]
+    return [(o["counts"], o["note"]) for h in hosts if h["host"] == "sim"
+            for o in h["offences"] if o["kind"] == "dead_rank"]
+
+
 def dead_rank_left_open(tmp_path, job, victim, dry: dict) -> None:
     """A monitor finds ``victim`` dead (counted once) and stops with the finding open."""
     mon = job_monitor(tmp_path, job, **dry)
@@ -640,8 +647,8 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
     """A dead rank in a live group is found; the monitor restarts (its findings closed as
     ``monitor_restarted``) while the rank stays down. The new monitor never hears it, yet knows
     whose it was (its last state and verdict, kept in the state file) and finds it again, not
-    counted again in ``findings_total`` (the same episode); once it answers, nothing of it is
-    kept, and the rank's next death is a new finding, counted."""
+    counted again in ``findings_total`` nor against its host (the same episode); once it
+    answers, nothing of it is kept, and the rank's next death is a new finding, counted."""
     from monitor.config import RailsConfig
 
     victim = job.sim.group(1)[1]
@@ -655,12 +662,14 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
         assert f["replica_id"] == victim.state["replica_id"]
         assert list(mon.store.unreachable()) == [victim.url]
         assert found_total(mon, "dead_rank") == 0  # the first life's, found before the restart
+        assert offences(mon) == [(False, "re-confirmed after a monitor restart"), (True, None)]
         victim.set_mode("ok")
         wait_until(lambda: not mon.store.unreachable() and not dead_rank(mon), 15,
                    what="it answers: nothing kept, the finding resolved")
         victim.set_mode("down")
         wait_until(lambda: dead_rank(mon), 15, what="its next death")
         assert found_total(mon, "dead_rank") == 1
+        assert offences(mon)[0] == (True, None)
     finally:
         mon.stop()
 
@@ -668,7 +677,9 @@ def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
 def test_a_fault_healed_while_the_monitor_was_down_counts_when_it_comes_back(tmp_path, job):
     """A dead rank left open in ``--state`` answers again before the monitor restarts. Once its
     group commits a step with every rank answering (that episode over), the rank's next death,
-    the same incarnation, is a new finding and counted in ``findings_total``."""
+    the same incarnation, is a new finding, counted in ``findings_total`` and against its host.
+    Before, the host ledger took any offence of an incarnation after one a restart closed for
+    the same episode: recorded, not counted."""
     from monitor.config import RailsConfig
 
     victim = job.sim.group(1)[1]
@@ -687,6 +698,7 @@ def test_a_fault_healed_while_the_monitor_was_down_counts_when_it_comes_back(tmp
         wait_until(lambda: dead_rank(mon), 15, what="its next death")
         assert dead_rank(mon)[0]["replica_id"] == victim.state["replica_id"]
         assert found_total(mon, "dead_rank") == 1
+        assert offences(mon) == [(True, None), (True, None)]
     finally:
         mon.stop()
 

@@ -124,6 +124,7 @@ class Enforcer(HostSide, Confirmations):
             group = "job" if f.replica_group is None else str(f.replica_group)
             if f.key in self.detectors.restarted:  # counted by the run that found it
                 del self.detectors.restarted[f.key]
+                f.reconfirmed = True
             else:
                 self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
             self._verdicts[f.key] = gist(f.evidence.get("probe"))

@@ -216,7 +216,7 @@ class HostLedger(HostActions):
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
                         "devices": c["devices"], "counts": counts}
-                if again:  # recorded, so the same incarnation's next episode counts again
+                if again:  # recorded, as each confirmation is: counted by the run before
                     data["note"] = "re-confirmed after a monitor restart"
                 elif up:
                     data["note"] = "the host refused the connections: up, its processes ended"
@@ -241,8 +241,12 @@ class HostLedger(HostActions):
                              ", ".join(sorted(spans)), host)
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
-        """The newest offence of this kind and incarnation was closed by a monitor restart:
-        this is the same episode confirmed again, not a new offence."""
+        """``f`` is the episode a previous run left open, confirmed again (``reconfirmed``: once
+        its group stepped on healthy, a fault back is a new episode), and the host's newest
+        offence of its kind and incarnation is that run's (closed by the restart): counted then.
+        None there (a dead one the Lighthouse had not agreed to yet): this one counts."""
+        if not f.get("reconfirmed"):
+            return False
         for o in self.store.host_offences(host, limit=20):
             d = o["data"]
             if o["kind"] == f["kind"] and d.get("replica_id") == f.get("replica_id") \
