@@ -553,9 +553,10 @@ def test_a_torch_only_group_out_of_the_newest_quorum_is_not_blamed_on_the_lighth
 
 
 def test_a_group_hung_mid_run_the_others_went_on_without_is_named_for_its_hang():
-    """A group that has timed steps hangs at step 608 (the hang detector names it); past the
-    others' process-group timeout they form a quorum without it (the hang resolves
-    `progress`): left_out names it, with a why that is no first step's."""
+    """A group that has timed steps hung at step 608 and the others formed a quorum without it
+    past their process-group timeout, with no hang open for it (one named stays open:
+    tests/test_hang_left_out.py; a monitor started since sees none): left_out names it, with a
+    why that is no first step's."""
     job, det = left_out_job()
     for s in job.states:
         s["step"] = 608

@@ -70,6 +70,20 @@ def _inner(analysis: list[dict]) -> dict[int, dict]:
     return inner
 
 
+def _left_hung(view: ClusterView, f: Finding) -> bool:
+    """``f``'s group still where it hung, out of the newest quorum: the others going on without
+    it is no recovery of its own, and its eviction waits on the rails only. The same incarnation
+    at the step and quorum id it hung at, none of its ranks asking for a quorum or healing; one
+    gone from the view, or no rank of which answers, is Findings.resolve_gone's to close."""
+    gv = view.groups.get(f.replica_group)
+    if gv is None or not gv.reachable:
+        return True
+    return gv.replica_id == f.replica_id and view.quorum_id not in gv.taking_part \
+        and (gv.step, gv.quorum_id) == (f.evidence.get("step"), f.evidence.get("quorum_id")) \
+        and not any(r.state and r.state.get("phase") in ("quorum", "healing")
+                    for r in gv.reachable)
+
+
 class Hang:
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
@@ -215,7 +229,9 @@ class Hang:
         if not stalled:
             new = self._unasked(view, now, evicted=evicted)
             if not new:
-                findings.resolve_where("progress", now, ("hang",))
+                for key in [k for k, f in findings.open.items() if k[0] == "hang"
+                            and not _left_hung(view, f)]:
+                    findings.resolve(key, "progress", now)
             return [f for f in new if f]
         if analysis is None:  # no dumps (a torch without the Flight Recorder): the states alone
             return [f for f in self._unasked(view, now, evicted, findings.groups("hang")) if f]
@@ -271,7 +287,7 @@ class Hang:
                   "median_step_s": view.median_step_seconds(),
                   "pending": {k: pending.get(k)
                               for k in ("pg", "replica_group", "quorum_id", "seq", "op")},
-                  "quorum_id": newest_q,
+                  "quorum_id": newest_q, "step": gv.step,
                   "never_arrived": ranks, "waiting_ranks": waiting,
                   "waits": {str(r): {"scope": waits[r][0], "seconds": round(waits[r][1], 3)}
                             for r in waiting},
@@ -323,7 +339,8 @@ class Hang:
                              f"{longest:.1f}s (threshold {threshold:.1f}s{_over(held)})", **held,
                   "level": "quorum", "stalled_s": round(longest, 3),
                   "threshold_s": round(threshold, 3), "median_step_s": view.median_step_seconds(),
-                  "quorum_id": view.quorum_id, "never_arrived": ranks, "waiting_ranks": waiting,
+                  "quorum_id": view.quorum_id, "step": gv.step, "never_arrived": ranks,
+                  "waiting_ranks": waiting,
                   "phases": phases(view, ranks + waiting)}
             out.append(self.findings.confirm("hang", gv, ranks, ev, now - longest, now, view))
         return out
