@@ -180,3 +180,35 @@ def test_a_new_kill_after_a_settled_one_was_taken_back_reads_its_own_back_at_pac
     assert (a["back_to_pace"], a["settled_pace"], a["settled_step_s"]) == ("reached", None, None)
     assert a["back_to_pace_at"] > a["evicted_at"]
     check_invariant(led)
+
+
+def test_a_fault_that_strikes_during_a_recovery_costs_from_its_onset():
+    """A hang that strikes while the job still recovers from an earlier kill, confirmed 3 s
+    later: the survivors commit nothing from its onset, so that time is its stall, claimed
+    back to its onset (as a slowdown's idle drag is), not the earlier kill's recovery; the
+    kill keeps the recovery booked before it."""
+    job, led = _evicted_hang(groups=4, g=3)
+    job.run(led, 2, pace=0.0)  # the survivors wait for a quorum without group 3
+    job.findings.clear()
+    job.run(led, 1, pace=1.0)  # they resume: not yet a whole window W at pace
+    h2 = job.t
+    job.run(led, 3, pace=0.0)
+    job.finding("hang", 2, first_seen=h2 + 0.1, confirmed_at=job.t, fid=22)
+    job.run(led, 2, pace=0.0)
+    job.evict(2, at=job.t, did=9, fid=22)
+    job.evictions[-1]["status"] = "confirmed"
+    killed = job.t
+    job.run(led, 3, pace=0.0)
+    job.findings.clear()
+    job.run(led, 20, pace=1.0)
+    a, b = _incidents(led)[3], _incidents(led)[2]
+    # the three groups in the quorum from the sweep of B's onset to its kill
+    assert b["cost"]["by_cause"]["stall"] == pytest.approx(3 * (killed - h2))
+    assert a["cost"]["by_cause"]["recovery"] == pytest.approx(3 * 2)
+    first = min((iv for iv in led.to_json()["intervals"] if iv["incident"] == b["id"]),
+                key=lambda iv: iv["start"])
+    assert (first["start"], first["cause"]) == (h2, "stall")
+    assert led.to_json()["job"]["badput_seconds"]["recovery"] == pytest.approx(
+        a["cost"]["by_cause"]["recovery"] + b["cost"]["by_cause"]["recovery"])
+    check_invariant(led)
+    check_counted(job, led)

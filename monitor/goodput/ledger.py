@@ -364,9 +364,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
     def _pending_to_stall(self, inc: Incident | None, keep: bool = False) -> None:
         """``keep``: only a slowdown open, whose idle drag stays provisionally its own (a later
         hang's to claim until the job commits again, else the slowdown's). A hang claims none
-        of that drag from before its onset: that part of the step was the slowdown's."""
+        of that drag from before its onset: that part of the step was the slowdown's. Idle
+        recovery stays its kill's here: only an incident opened since claims it (_explain)."""
         for r in self.runs:
-            if (r.cause == PENDING or not keep and self._provisional(r)) \
+            if (r.cause == PENDING or not keep and r.cause == "straggler_drag"
+                    and self._provisional(r)) \
                     and self.last_commit_at is not None and r.t0 >= self.last_commit_at - 1e-9 \
                     and not (r.cause != PENDING and inc is not None
                              and r.t1 <= inc.onset_at + 1e-9):

@@ -18,12 +18,13 @@ class GoodputSettlement:
     """The settling half of :class:`monitor.goodput.ledger.GoodputLedger` (mixed into it)."""
 
     def _provisional(self, r: Run) -> bool:
-        """Idle drag of a fault that cannot stop commits, with no commit since: maybe a stall's
-        start, open to its fault."""
-        if r.cause != "straggler_drag" or not r.idle:
+        """Idle time booked to what cannot stop commits (the drag of a fault that cannot, a
+        recovery: its kill acted on its fault), with no commit since: maybe the start of a
+        later fault's stall, open to its claim."""
+        if not r.idle or r.cause not in ("straggler_drag", "recovery"):
             return False
         inc = self.incidents.get(r.incident)
-        return (inc is None or inc.kind in UNSTOPPING) and (
+        return (r.cause == "recovery" or inc is None or inc.kind in UNSTOPPING) and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
 
     def _unsure(self, r: Run) -> bool:
@@ -40,8 +41,7 @@ class GoodputSettlement:
         """Counted now unless its cause may still change (then once settled)."""
         _link(r, inc)
         self.runs.append(r)
-        if r.cause != PENDING and not (r.cause == "straggler_drag" and r.idle) \
-                and not self._unsure(r):
+        if r.cause != PENDING and not self._provisional(r) and not self._unsure(r):
             acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
             r.counted = True
 

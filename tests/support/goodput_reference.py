@@ -22,7 +22,9 @@ And: a commit the ranks date at or before the previous sweep is dated at the swe
 after a sweep's time is not acted on in that sweep (``_explaining``, ``_account``), a closed
 incident's group-steps are in the baseline it closed with (``_follow_incidents``,
 ``incident_json``), and a slice whose cause is final is counted at once, though it settles in
-its group's time order (``_settle``)."""
+its group's time order (``_settle``). And: idle recovery waits, uncounted, for the job's next
+commit, a fault confirmed meanwhile claiming it back to its onset (``_provisional``, ``_badput``,
+``_pending_to_stall``)."""
 
 from __future__ import annotations
 
@@ -535,10 +537,10 @@ class GoodputLedger:
         """Straggler drag booked while no group committed, with no commit since: it may be
         the first seconds of a stall another fault caused (confirmed a little later), so it
         stays open to that fault's claim until the job commits again (or the horizon)."""
-        if s.cause != "straggler_drag" or not s.idle:
+        if not s.idle or s.cause not in ("straggler_drag", "recovery"):
             return False
         inc = self.incidents.get(s.incident) if s.incident is not None else None
-        return (inc is None or inc.kind in UNSTOPPING) and (
+        return (s.cause == "recovery" or inc is None or inc.kind in UNSTOPPING) and (
             self.last_commit_at is None or self.last_commit_at < s.t1 - 1e-9)
 
     def _link(self, s: Slice, inc: Incident | None) -> None:
@@ -763,7 +765,8 @@ class GoodputLedger:
         idle drag, unless ``keep``: only a slowdown open), but never a slowdown's drag from before
         the hang's onset."""
         for s in self.unsettled:
-            if (s.cause == PENDING or not keep and self._provisional(s)) \
+            if (s.cause == PENDING or not keep and s.cause == "straggler_drag"
+                    and self._provisional(s)) \
                     and self.last_commit_at is not None \
                     and s.t0 >= self.last_commit_at - 1e-9 \
                     and not (s.cause != PENDING and inc is not None
@@ -813,7 +816,7 @@ class GoodputLedger:
         self.unsettled.append(s)
         # counted now unless its cause may still change (pending; idle straggler drag): those
         # count once settled, under their final cause
-        if cause != PENDING and not (cause == "straggler_drag" and idle):
+        if cause != PENDING and not self._provisional(s):
             acct.badput[cause] += seconds
             s.counted = True
 
