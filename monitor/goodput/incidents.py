@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from monitor.evidence.view import ClusterView
@@ -23,7 +24,8 @@ DRAG_KINDS = frozenset({"straggler", "network", "job_slow"})
 OUT_KINDS = frozenset({"dead", "stuck_starting"})
 # faults that slow the job's commits and cannot stop them: their idle sweeps are drag
 SLOWING = frozenset({"straggler", "job_slow"})
-# faults that cannot stop the job's commits once found: their stall is another fault's
+# faults that cannot stop the job's commits once found: their stall is another fault's (but a
+# crash stops them until they commit again: Incidents.explaining)
 UNSTOPPING = OUT_KINDS | SLOWING
 
 
@@ -254,14 +256,25 @@ class Incidents(dict[int, Incident]):
         return [i for i in self.open() if i.resolved_at is None and i.onset_at < t
                 and (i.evicted_at is None or i.evicted_at >= t)]
 
-    def explaining(self, drag: bool, t: float) -> Incident | None:
+    def explaining(self, drag: bool, t: float, committed_at: float | None = None
+                   ) -> Incident | None:
         """The latest incident not acted on by ``t``, of a fault that slows commits (``drag``)
         or of one that may stop them (not UNSTOPPING). Evicted or its findings cleared, it
         explains no later slowness or stall (its group may never return; an eviction the job
-        is still recovering from is :meth:`recovering`'s)."""
-        return max((i for i in self.unacted(t)
-                    if (i.kind in DRAG_KINDS if drag else i.kind not in UNSTOPPING)),
-                   key=lambda i: (i.detected_at, i.id), default=None)
+        is still recovering from is :meth:`recovering`'s). With none that may stop them, a
+        crash (``dead``, not evicted by ``t``, its findings cleared or not: a restarted group)
+        while the job committed nothing since its onset (``committed_at``: its newest commit):
+        torchft's survivors fail the step it struck in and wait for a new quorum."""
+        key = attrgetter("detected_at", "id")
+        found = max((i for i in self.unacted(t)
+                     if (i.kind in DRAG_KINDS if drag else i.kind not in UNSTOPPING)),
+                    key=key, default=None)
+        if drag or found is not None:
+            return found
+        return max((i for i in self.open() if i.kind == "dead" and i.onset_at < t
+                    and (i.evicted_at is None or i.evicted_at >= t)
+                    and (committed_at is None or committed_at <= i.onset_at)),
+                   key=key, default=None)
 
     def of_group(self, g: int | None) -> Incident | None:
         return max((i for i in self.open() if g is not None and i.replica_group == g),

@@ -39,6 +39,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         self.job = JobPace(self.cfg)
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
+        self.committed_at: float | None = None  # the earliest that commit may have been made
         # the last that saw one with no killed incarnation in the quorum: the job went on
         # without it (a commit seen after a kill may have been made before it landed)
         self.went_on_at: float | None = None
@@ -212,6 +213,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         committed = bool(deltas[inside].any())
         if job_moved or committed:
             self.last_commit_at = now
+            at = self.reader.step_at  # the ranks' date of it, else after the sweep before
+            self.committed_at = at if at is not None and t0 < at <= now else t0
             killed = {i.replica_id for i in incs.open() if i.evicted_at is not None
                       and i.rejoined_at is None and i.replica_id is not None}
             if killed.isdisjoint(map(S.rid.__getitem__, inside.tolist())):
@@ -220,7 +223,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         # a stall: no group committed for a whole pace window
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= window)
-        drag, other = incs.explaining(True, now), incs.explaining(False, now)
+        drag, other = incs.explaining(True, now), incs.explaining(False, now, self.committed_at)
         recovering = incs.recovering(now)
         idle = not job_moved and not committed
         # the pace window never reaches back across the onset of an incident not acted on

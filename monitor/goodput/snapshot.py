@@ -58,6 +58,7 @@ class GoodputSnapshot:
             "baseline_samples": list(job.samples), "baseline": job.baseline,
             "pace": job.ratio, "slow_since": job.slow_since,
             "last_commit_at": self.last_commit_at, "went_on_at": self.went_on_at,
+            "committed_at": self.committed_at,
             "steady": list(job.steady) if job.steady else None,
             "totals": S.totals_columns(), "gpu_totals": S.totals_columns(1),
             **{name: getattr(self, name) for name in COUNTS},
@@ -144,6 +145,7 @@ class GoodputSnapshot:
             state.get, ("job_step", "baseline", "slow_since", "pace", "last_commit_at"))
         # an older snapshot's: its last commit, as that monitor judged "went on"
         led.went_on_at = state.get("went_on_at", led.last_commit_at)
+        led.committed_at = state.get("committed_at", led.last_commit_at)  # an older one's: late
         job.history.extend(tuple(x) for x in state["job_history"])
         job.rids = set(state.get("job_rids") or ()) or None  # an older snapshot's: not known
         # an older snapshot's: the job's step (the quorum's newest when it last moved on)

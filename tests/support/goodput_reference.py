@@ -24,7 +24,8 @@ incident's group-steps are in the baseline it closed with (``_follow_incidents``
 ``incident_json``), and a slice whose cause is final is counted at once, though it settles in
 its group's time order (``_settle``). And: idle recovery waits, uncounted, for the job's next
 commit, a fault confirmed meanwhile claiming it back to its onset (``_provisional``, ``_badput``,
-``_pending_to_stall``)."""
+``_pending_to_stall``), and a crash (``dead``) explains the stall until the job commits again
+(``_account``, ``committed_at``)."""
 
 from __future__ import annotations
 
@@ -166,6 +167,8 @@ class GoodputLedger:
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
         self.went_on_at: float | None = None  # ... with no killed incarnation in the quorum
+        self.committed_at: float | None = None  # the earliest that commit may have been made
+        self.step_at: float | None = None  # this sweep's newest in-quorum step's, by the ranks
         self.pace: float | None = None  # the job's pace over the last window
         self.open_findings = 0  # open confirmed findings this sweep
         # (time, job step) where the job's pace became steady, while an incident acted on
@@ -316,12 +319,13 @@ class GoodputLedger:
     def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
         steps = [gv.step for g, gv in view.groups.items() if g in in_quorum and gv.step is not None]
         moved, at = False, now
+        self.step_at = next(gv.step_at for g, gv in view.groups.items()
+                            if g in in_quorum and gv.step == max(steps)) if steps else None
         if steps:
             s = max(steps)
             if self.job_step is not None and s > self.job_step:
                 moved = True
-                step_at = next(gv.step_at for g, gv in view.groups.items()
-                               if g in in_quorum and gv.step == s)
+                step_at = self.step_at
                 if step_at is not None and self.last_at is not None and step_at > self.last_at:
                     at = min(now, step_at)
             # every in-quorum group a new incarnation, and no group of the view an old one:
@@ -610,6 +614,8 @@ class GoodputLedger:
         startup = b is None
         if job_moved or any(deltas.get(g, 0) for g in inside):
             self.last_commit_at = now
+            at = self.step_at
+            self.committed_at = at if at is not None and t0 < at <= now else t0
             killed = {i.replica_id for i in self._open_incidents() if i.evicted_at is not None
                       and i.rejoined_at is None and i.replica_id is not None}
             if not any(self.groups[g].replica_id in killed for g in inside):
@@ -619,6 +625,11 @@ class GoodputLedger:
                                  or now - self.last_commit_at >= self.window)
         straggler = self._explaining(now, straggler=True)
         other = self._explaining(now, straggler=False)
+        if other is None:  # a crash the job committed nothing since
+            other = max((i for i in self._open_incidents() if i.kind == "dead"
+                         and i.onset_at < now and (i.evicted_at is None or i.evicted_at >= now)
+                         and (self.committed_at is None or self.committed_at <= i.onset_at)),
+                        key=lambda i: (i.detected_at, i.id), default=None)
         stall_cause = other  # a slowdown, or a group out of the quorum, stops no commits
         recovering = self._recovering(now)
         idle = not job_moved and not any(deltas.get(g, 0) for g in inside)
@@ -1154,7 +1165,7 @@ class GoodputLedger:
             "job_rids": None if self.job_rids is None else sorted(self.job_rids),
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
-            "went_on_at": self.went_on_at,
+            "went_on_at": self.went_on_at, "committed_at": self.committed_at,
             "steady": list(self.steady) if self.steady else None,
             "totals": self.totals, "gpu_totals": self.gpu_totals,
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
@@ -1214,6 +1225,7 @@ class GoodputLedger:
         led.pace = state.get("pace")
         led.last_commit_at = state.get("last_commit_at")
         led.went_on_at = state.get("went_on_at", led.last_commit_at)
+        led.committed_at = state.get("committed_at", led.last_commit_at)
         steady = state.get("steady")
         led.steady = (float(steady[0]), int(steady[1])) if steady else None
         led.totals = state.get("totals") or {}
