@@ -139,10 +139,7 @@ class Monitor:
         self._http: BackgroundWSGIServer | None = None
         self.url: str | None = None
         # findings a previous run left open are closed: if still true, found again
-        left = self.store.open_finding_ids()
-        for fid in left.values():
-            self.store.resolve_finding(fid, clock(), "monitor_restarted")
-        self.detectors.restarted = dict.fromkeys(left)
+        self.detectors.restarted = self.store.restart_marks(clock())
         self.store.interrupt_sending()
         last = self.store.last_eviction_at()
         if last is not None:

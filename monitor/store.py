@@ -79,6 +79,9 @@ CREATE INDEX IF NOT EXISTS bundles_at ON bundles (at);
 CREATE TABLE IF NOT EXISTS unreachable_ranks (
     url TEXT PRIMARY KEY, since REAL, state TEXT NOT NULL, trust TEXT
 );
+CREATE TABLE IF NOT EXISTS restart_marks (
+    id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS monitor_identity (
     id INTEGER PRIMARY KEY CHECK (id = 1), value TEXT NOT NULL
 );
@@ -87,7 +90,8 @@ CREATE TABLE IF NOT EXISTS monitor_identity (
 # an older monitor would misread, which then refuses the file instead
 FORMAT = 1
 # columns added after a release: (table, column, declaration), added to an older file at start
-ADDED_COLUMNS = (("decisions", "bundle", "TEXT"), ("decisions", "job", "TEXT"))
+ADDED_COLUMNS = (("decisions", "bundle", "TEXT"), ("decisions", "job", "TEXT"),
+                 ("findings", "reconfirms", "INTEGER"))
 
 # a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
 JOB_GROUP = -1
@@ -272,11 +276,13 @@ class Store(GoodputTables, HostTables):
     def add_finding(self, f: dict[str, Any]) -> int:
         return self._add("findings",
             "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
-            "first_seen, confirmed_at, resolved_at, resolution) VALUES (?,?,?,?,?,?,?,?,?)",
+            "first_seen, confirmed_at, resolved_at, resolution, reconfirms) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
             (f["kind"], JOB_GROUP if f["replica_group"] is None else f["replica_group"],
              f.get("replica_id"), json.dumps(f["ranks"]),
              json.dumps(f.get("evidence") or {}, default=str), f["first_seen"],
-             f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution")))
+             f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution"),
+             f.get("reconfirms")))
 
     def resolve_finding(self, finding_id: int, at: float, resolution: str,
                         evidence: dict[str, Any] | None = None) -> None:
@@ -290,9 +296,26 @@ class Store(GoodputTables, HostTables):
         self._write("UPDATE findings SET evidence=? WHERE id=?",
                     (json.dumps(evidence, default=str), finding_id))
 
-    def finding_resolution(self, finding_id: int | None) -> str | None:
-        rows = self._rows("SELECT resolution FROM findings WHERE id=?", (finding_id,))
-        return rows[0][0] if rows else None
+    def restart_marks(self, at: float) -> dict[tuple, tuple[int, int | None]]:
+        """A starting monitor's: the findings a previous run left open, closed as
+        ``monitor_restarted``, and the marks a run before left: key -> (its episode: the id of
+        its first finding, the lowest step seen since). Saved at once: a run that stops before
+        it confirms them again hands them on."""
+        with self.atomic():
+            rows = self._rows("SELECT data FROM restart_marks")
+            marks = {tuple(m[:3]): (m[3], m[4]) for m in json.loads(rows[0][0])} if rows else {}
+            for r in self._rows("SELECT id, kind, replica_group, replica_id, reconfirms FROM "
+                                "findings WHERE resolved_at IS NULL"):
+                self.resolve_finding(r["id"], at, "monitor_restarted")
+                key = (r["kind"], _group(r["replica_group"]), r["replica_id"])
+                marks[key] = (r["reconfirms"] or r["id"], None)
+            self.save_restart_marks(marks)
+        return marks
+
+    def save_restart_marks(self, marks: dict[tuple, tuple[int, int | None]]) -> None:
+        """The newest 1000 kept: a mark whose group never comes back is never forgotten."""
+        self._write("INSERT OR REPLACE INTO restart_marks (id, data) VALUES (1, ?)",
+                    (json.dumps([[*k, *v] for k, v in marks.items()][-1000:]),))
 
     def open_finding_ids(self) -> dict[tuple, int]:
         """(kind, replica_group, replica_id) -> id of findings not resolved yet."""

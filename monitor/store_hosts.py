@@ -30,6 +30,13 @@ class HostTables:
         return self._dicts("SELECT * FROM host_offences WHERE host=? AND at>=? "
                            "ORDER BY id DESC LIMIT ?", (host, since, limit), ("data",))
 
+    def offended_in(self, host: str, episode: int) -> bool:
+        """``host`` has an offence of a finding of ``episode`` (its first finding's id, or one
+        confirming it again after a monitor restart)."""
+        return bool(self._rows("SELECT 1 FROM host_offences o JOIN findings f ON "
+                               "f.id=o.finding_id WHERE o.host=? AND ? IN (f.id, f.reconfirms) "
+                               "LIMIT 1", (host, episode)))
+
     def add_host_decision(self, *, host: str, decision: str, reason: str, detail: str,
                           evidence: Any, at: float, source: str = "auto") -> int:
         return self._add("host_decisions",

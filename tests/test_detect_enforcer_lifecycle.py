@@ -269,3 +269,62 @@ def test_a_host_added_to_a_finding_whose_first_write_failed_is_charged_once(make
     (o,) = network_offences(enf, "c")
     assert o["data"]["ranks"] == [2] and o["finding_id"] == enf.finding_id(f.key)
     assert len(network_offences(enf, "b")) == 1
+
+
+def test_an_episode_a_previous_run_never_charged_counts_when_found_again(make, clock):
+    """Run A: group 1 dead, the Lighthouse agrees: host-g1 charged and quarantined, then
+    released; A stops with the finding open. Run B: group 1 steps on healthy (that episode
+    over) and dies again (a new finding) while the Lighthouse cannot be read: not charged yet;
+    B stops. Run C finds it again and the Lighthouse agrees: that episode's offence counts.
+    Before, a finding confirmed again was skipped whenever its host's newest offence of that
+    replica id was closed by a restart (A's): the second episode never counted."""
+    from monitor.evidence.lighthouse_status import LighthouseStatus
+
+    job = Job()
+    rids = [job.states[job.members(g)[0]]["replica_id"] for g in range(3)]
+
+    def lighthouse(dead: bool) -> LighthouseStatus:
+        return LighthouseStatus(3, {}, {r: 30.0 if dead and r == rids[1] else 0.1
+                                        for r in rids},
+                                frozenset({rids[1]}) if dead else frozenset())
+
+    def run() -> Enforcer:
+        """A monitor started on the --state: the previous run's episodes marked, as Monitor."""
+        enf = make(Detectors(DetectorConfig()), min_replicas=1)
+        enf.detectors.restarted = enf.store.restart_marks(clock.t)
+        return enf
+
+    def healthy(enf: Enforcer, sweeps: int) -> None:
+        job.down = set()
+        for _ in range(sweeps):
+            clock.t += 1.0
+            job.steps(3, now=clock.t)
+            view = verified(job, clock.t)
+            new = enf.detectors.update(view.evidence(), None, clock.t, full_view=view,
+                                       lighthouse=lighthouse(False))
+            new += enf.host_findings(view, view.evidence(), clock.t, None)  # the hosts known
+            enf.judge_hosts(view, enf.record(new, clock.t), clock.t, lighthouse(False))
+
+    def dead(enf: Enforcer, lh: LighthouseStatus | None) -> str:
+        """Group 1 confirmed dead, as liveness does: host-g1's state after."""
+        clock.t += 1.0
+        job.down = set(job.members(1))
+        view = verified(job, clock.t)
+        f = enf.detectors.findings.confirm("dead", view.groups[1], job.members(1),
+                                           {"summary": "down", "unreachable": {}},
+                                           clock.t - 5, clock.t, view)
+        new = [f, *enf.host_findings(view, view.evidence(), clock.t, None)]
+        enf.judge_hosts(view, enf.record(new, clock.t), clock.t, lh)
+        return {h["host"]: h["state"] for h in enf.hosts.to_json(clock.t)}["host-g1"]
+
+    enf = run()
+    healthy(enf, 2)
+    assert dead(enf, lighthouse(True)) == "quarantined"
+    enf.release_host("host-g1", "hardware swapped")
+    enf = run()
+    healthy(enf, 3)
+    assert dead(enf, None) == "released"  # waits for the Lighthouse
+    enf = run()
+    assert dead(enf, lighthouse(True)) == "quarantined"
+    assert [(o["data"]["counts"], o["data"].get("note")) for o in
+            enf.store.host_offences("host-g1")] == [(True, None), (True, None)]

@@ -184,10 +184,7 @@ def _acted_on(slot: _Slot, tmp_path, rails: dict) -> tuple[Enforcer, Kills, Comp
                         bundles=BundleConfig(enabled=False), rails=RailsConfig(**rails))
     store, kills, led = Store(cfg.state_path), Kills(), Compared()
     # on the --state of an earlier run: its open findings closed and marked, as Monitor does
-    left = store.open_finding_ids()
-    for fid in left.values():
-        store.resolve_finding(fid, slot.now, "monitor_restarted")
-    slot.det.restarted = dict.fromkeys(left)
+    slot.det.restarted = store.restart_marks(slot.now)
 
     def clock() -> float:
         return slot.now

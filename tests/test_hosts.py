@@ -365,12 +365,11 @@ def test_a_monitor_killed_between_an_offence_and_its_host_row_still_quarantines(
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     store = Store(path)
-    for fid in store.open_finding_ids().values():  # what the restarted monitor does
-        store.resolve_finding(fid, clock(), "monitor_restarted")
+    marks = store.restart_marks(clock())  # what the restarted monitor does
     clock.t += 10
     led = HostLedger(store, QuarantineConfig(), [], "job", clock)
     f = finding("hang", "h1", None)
-    f["reconfirmed"] = True  # its key was among those the restart closed
+    f["reconfirms"] = marks[("hang", 1, "g1:a")][0]  # the episode the restart closed
     f["id"] = store.add_finding({**f, "first_seen": clock()})
     led.record([f], clock())
     assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
@@ -548,9 +547,9 @@ def test_an_episode_confirmed_again_after_a_monitor_restart_is_not_a_second_offe
     f = finding("straggler", "h1", None)
     f["id"] = led.store.add_finding({**f, "first_seen": clock()})
     led.record([f], clock())
-    led.store.resolve_finding(f["id"], clock(), "monitor_restarted")  # what a restart does
+    led.store.restart_marks(clock())  # what a restart does
     again = finding("straggler", "h1", None)
-    again["reconfirmed"] = True  # its key was among those the restart closed
+    again["reconfirms"] = f["id"]  # the episode the restart closed
     again["id"] = led.store.add_finding({**again, "first_seen": clock()})
     led.record([again], clock())
     assert [(o["counts"], o["note"]) for o in led.to_json(clock())[0]["offences"]] == [
@@ -568,18 +567,21 @@ def test_after_a_restart_only_the_reconfirmed_episode_of_an_incarnation_is_skipp
     clock = Clock()
     led = ledger(tmp_path, clock, after={"straggler": 2})
 
-    def episode(reconfirmed: bool = False) -> int:
+    def episode(reconfirms: int | None = None) -> int:
         f = finding("straggler", "h1", None)
-        f["reconfirmed"] = reconfirmed
+        f["reconfirms"] = reconfirms
         f["id"] = led.store.add_finding({**f, "first_seen": clock()})
         led.record([f], clock())
         clock.t += 10
         return f["id"]
 
-    led.store.resolve_finding(episode(), clock(), "monitor_restarted")
-    led = HostLedger(led.store, led.cfg, [], "job", clock)  # the restarted monitor's
-    episode(reconfirmed=True)  # the same episode, confirmed again: not counted
-    assert led.decide(clock(), None, 40) == []
+    first = episode()
+    for _ in range(2):  # restarted twice, the episode confirmed again each time: not counted
+        marks = led.store.restart_marks(clock())
+        assert marks == {("straggler", 1, "g1:a"): (first, None)}  # the episode's first
+        led = HostLedger(led.store, led.cfg, [], "job", clock)  # the restarted monitor's
+        episode(reconfirms=first)
+        assert led.decide(clock(), None, 40) == []
     episode()  # a new episode of the same incarnation: the second offence
     assert [d["decision"] for d in led.decide(clock(), None, 40)] == ["quarantine"]
     assert led.quarantined() == ["h1"]

@@ -547,11 +547,17 @@ def job_monitor(tmp_path, job, extra_urls=(), **kw) -> Monitor:
     from monitor.config import DetectorConfig, RailsConfig
 
     kw.setdefault("rails", RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=DEAD))
-    cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+    kw.setdefault("port", 0)
+    cfg = MonitorConfig(interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
                         sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
                         targets=[*job.sim.urls, *extra_urls], kill_timeout_s=2.0,
                         detectors=DetectorConfig(dead_sweeps=2), **kw)
-    return Monitor(cfg).start()
+    mon = Monitor(cfg)
+    try:
+        return mon.start()
+    except OSError:  # as `lightkeeper monitor` does (exit 1)
+        mon.stop()
+        raise
 
 
 def verdicts(mon: Monitor) -> dict[str, dict]:
@@ -699,6 +705,35 @@ def test_a_fault_healed_while_the_monitor_was_down_counts_when_it_comes_back(tmp
         assert dead_rank(mon)[0]["replica_id"] == victim.state["replica_id"]
         assert found_total(mon, "dead_rank") == 1
         assert offences(mon) == [(True, None), (True, None)]
+    finally:
+        mon.stop()
+
+
+def test_a_run_that_stops_before_it_confirms_an_episode_again_hands_it_on(tmp_path, job):
+    """A dead rank left open in ``--state``; the next monitor on it fails to start (its
+    ``--port`` taken: it had opened the state, closing the finding); the one after finds the
+    rank dead again: the same episode, not counted again in ``findings_total`` nor against its
+    host. Before, the failed run's restart marks were lost with it: counted twice."""
+    import socket
+
+    from monitor.config import RailsConfig
+
+    victim = job.sim.group(1)[1]
+    dry = {"rails": RailsConfig(dry_run=True)}
+    dead_rank_left_open(tmp_path, job, victim, dry)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            job_monitor(tmp_path, job, port=taken.getsockname()[1], **dry)
+    mon = job_monitor(tmp_path, job, **dry)
+    try:
+        wait_until(lambda: dead_rank(mon), 15, what="dead_rank found again")
+        assert found_total(mon, "dead_rank") == 0
+        assert offences(mon) == [(False, "re-confirmed after a monitor restart"), (True, None)]
+        # the row found again names the episode's first finding (the one counted)
+        again, first = [f for f in findings(mon) if f["kind"] == "dead_rank"]
+        assert (first["reconfirms"], again["reconfirms"]) == (None, first["id"]), (first, again)
     finally:
         mon.stop()
 

@@ -89,6 +89,7 @@ class Enforcer(HostSide, Confirmations):
         # bundle unless its hold merely may have lapsed (read-only, and no one else may fetch)
         self.standby, self.fetch_bundles = False, True
         self._finding_ids: dict[tuple, int] = {}
+        self._marks: dict[tuple, tuple] = {}  # Detectors.restarted as last saved
         self._verdicts: dict[tuple, tuple] = {}  # job-wide finding -> its probe verdict written
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
@@ -115,6 +116,8 @@ class Enforcer(HostSide, Confirmations):
         one's evidence again when its probe verdict changes; close the resolved. Those added."""
         new = self._unrecorded + new
         for i, f in enumerate(new):
+            if f.key in self.detectors.restarted:
+                f.reconfirms = self.detectors.restarted[f.key][0]
             try:
                 self._finding_ids[f.key] = self.store.add_finding(f.to_dict())
             except Exception:
@@ -122,14 +125,16 @@ class Enforcer(HostSide, Confirmations):
                 self._recorded += new[:i]  # written: handed on (offences, bundles) then
                 raise
             group = "job" if f.replica_group is None else str(f.replica_group)
-            if f.key in self.detectors.restarted:  # counted by the run that found it
-                del self.detectors.restarted[f.key]
-                f.reconfirmed = True
+            if f.reconfirms is not None:  # counted by the run that found it
+                self.detectors.restarted.pop(f.key, None)
             else:
                 self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
             self._verdicts[f.key] = gist(f.evidence.get("probe"))
         self._unrecorded = []
         self._recorded += new  # a failed resolution below must not lose them either
+        if self.detectors.restarted != self._marks:  # a run that stops early hands them on
+            self.store.save_restart_marks(self.detectors.restarted)
+            self._marks = dict(self.detectors.restarted)
         failed = None
         for f in self.detectors.job_findings():
             said = gist(f.evidence.get("probe"))

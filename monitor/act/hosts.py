@@ -241,18 +241,10 @@ class HostLedger(HostActions):
                              ", ".join(sorted(spans)), host)
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
-        """``f`` is the episode a previous run left open, confirmed again (``reconfirmed``: once
-        its group stepped on healthy, a fault back is a new episode), and the host's newest
-        offence of its kind and incarnation is that run's (closed by the restart): counted then.
-        None there (a dead one the Lighthouse had not agreed to yet): this one counts."""
-        if not f.get("reconfirmed"):
-            return False
-        for o in self.store.host_offences(host, limit=20):
-            d = o["data"]
-            if o["kind"] == f["kind"] and d.get("replica_id") == f.get("replica_id") \
-                    and d.get("replica_group") == f.get("replica_group"):
-                return self.store.finding_resolution(o["finding_id"]) == "monitor_restarted"
-        return False
+        """``f`` confirms again an episode a previous run left open (``reconfirms``: once its
+        group stepped on healthy, a fault back is a new episode) that was an offence of
+        ``host`` then. None there (a dead one the Lighthouse had not agreed to yet): it counts."""
+        return f.get("reconfirms") is not None and self.store.offended_in(host, f["reconfirms"])
 
     def _counting_offences(self, h: dict[str, Any], now: float) -> list[dict[str, Any]]:
         since = max(now - self.cfg.window_s, h.get("released_at") or float("-inf"))

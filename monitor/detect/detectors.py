@@ -58,10 +58,11 @@ class Detectors:
         self._noted: tuple[ClusterView, float] | None = None  # the sweep _note_sweep last noted
         # [now, the dumps, their traces, errors, the engine's findings or None] of the last look
         self._look: list | None = None
-        # keys of the findings a previous run left open (set by the Monitor) -> their group's
-        # lowest step seen since: their first confirmation here is that episode again (counted
-        # by the run that found it), until _episodes_over
-        self.restarted: dict[tuple, int | None] = {}
+        # keys of the findings a previous run left open (Store.restart_marks) -> (their
+        # episode's first finding id, their group's lowest step seen since): their first
+        # confirmation here is that episode again (counted by the run that found it), until
+        # _episodes_over
+        self.restarted: dict[tuple, tuple[int, int | None]] = {}
 
     @property
     def last_lags(self) -> dict[int, float]:
@@ -228,14 +229,14 @@ class Detectors:
         answering and nothing of that kind open there or pending (a straggler's late window, a
         job-wide finding): a stall commits none, a dead rank does not answer; a fault back
         later is a new episode."""
-        for key, was in list(self.restarted.items()):
+        for key, (episode, was) in list(self.restarted.items()):
             kind, g, _ = key
             gv = full.groups.get(g)
             step = full.newest_step() if g is None else gv.step if gv else None
             if step is None:
                 continue
             if was is None or step < was:
-                self.restarted[key] = step
+                self.restarted[key] = (episode, step)
             elif step > was and (gv is None or len(gv.reachable) == len(gv.ranks)) \
                     and g not in self.findings.groups(kind) \
                     and not (kind in (*JOB_KINDS, "network") and self.probes_wanted()) \

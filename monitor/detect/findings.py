@@ -32,9 +32,9 @@ class Finding:
     confirmed_at: float | None = None
     resolved_at: float | None = None
     resolution: str | None = None
-    # the episode a previous run left open (Detectors.restarted), confirmed again: not counted
-    # again (set by the Enforcer as it records it; a dead one reaches the host ledger later)
-    reconfirmed: bool = False
+    # confirms again the episode a previous run left open (Detectors.restarted), counted then:
+    # the id of its first finding (set by the Enforcer as it records it)
+    reconfirms: int | None = None
 
     @property
     def key(self) -> tuple[str, int, str | None]:
