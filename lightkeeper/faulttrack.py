@@ -292,7 +292,8 @@ class FaultTrack:
     def _crash_restarted(self, obs: Observation, since_s: float, strike: bool = False) -> bool:
         """A crash exits before the next poll and the supervisor restarts the group at once:
         torchft's own recovery, with nothing for the monitor to act on. On the group's first
-        restart since ``since_s`` the story goes to its rejoin (``strike``: struck at the exit)."""
+        restart since ``since_s`` the story goes to its rejoin (``strike``: the rank never
+        reported its strike, so struck at the exit as the supervisor saw it, and said so)."""
         if self.kind != "crash":
             return False
         exit_at = next((t for g, t in obs.restarts if g == self.group and t >= since_s), None)
@@ -302,7 +303,9 @@ class FaultTrack:
         if strike:
             r["struck_at_s"] = exit_at
         r["restarted_at_s"] = exit_at
-        r["note"] = "the rank exited (a crash): torchft's own recovery, group restarted"
+        r["note"] = "the rank exited (a crash): torchft's own recovery, group restarted" + (
+            "; it never reported the strike: struck_at_s is its exit as the supervisor saw "
+            "it (up to a tick late)" if strike else "")
         self._next("rejoin", obs.t, self.dl.rejoin_s)
         return True
 

@@ -202,6 +202,23 @@ def test_a_crash_under_dry_run_follows_its_restart_not_the_dry_run():
     assert tr.stage == "rejoin", tr.record
 
 
+def test_a_crash_struck_time_is_the_rank_s_own_record_else_said_to_be_the_exit():
+    """A crashed rank exits right after it strikes, usually before a poll sees the strike:
+    ``struck_at_s`` is then the supervisor's restart (the exit as it saw it, up to a tick
+    late), and the report says so; a strike the rank did report is kept as it said."""
+    crash = "crash:at_step=20,rank=1"
+    gone = dict(incarnation={0: 0, 1: 1, 2: 0}, restarts=[(1, 30.0)])
+    tr = track(spec=crash, kind="crash")
+    tr.update(obs(31.0, **gone))
+    assert tr.stage == "rejoin" and tr.record["struck_at_s"] == 30.0
+    assert "exit" in tr.record["note"] and "never reported" in tr.record["note"]
+    reported = track(spec=crash, kind="crash")
+    reported.update(obs(25.5, strikes=[Strike(1, 0, 1, 3, "node-a", crash, T0 + 25.0)]))
+    reported.update(obs(31.0, **gone))
+    assert reported.stage == "rejoin" and reported.record["struck_at_s"] == 25.0
+    assert "never reported" not in reported.record["note"]
+
+
 def test_describe_says_where_the_story_stands():
     tr = track()
     assert tr.describe() == f"{SPEC} in group 1 rank 1: waiting for strike (until 60s)"
