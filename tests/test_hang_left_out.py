@@ -151,3 +151,44 @@ def test_a_hang_left_out_of_the_quorum_closes_once_its_group_moves(how):
     slot.train(1 if how != "leaves" else slot.det.cfg.dead_sweeps)
     (f,) = slot.hangs()
     assert f.resolution == ("left_job" if how == "leaves" else "progress")
+
+
+def test_a_hang_left_out_of_the_quorum_takes_none_of_the_others_later_stalls(tmp_path):
+    """Held for good (hang not in --evict-on), the left-out group's hang stays open, but the
+    others go on without it: their later pause, with nothing found, is not its stall, nor is
+    the time before a later hang of group 0 is confirmed (that hang's own, from its onset). Its
+    incident costs its capacity only. The ledger is checked against its reference each sweep."""
+    slot = _Left()
+    enf, _, led = _acted_on(slot, tmp_path, {"evict_kinds": ("straggler",)})
+    slot.stall(5)
+    slot.rejoin()
+    slot.train(10)
+    job = slot.job
+    for _ in range(10):  # groups 0 and 1 pause: no step, no wait (a long save, unmarked)
+        slot.advance(1.0)
+        for r in range(4):
+            job.wait(r, None, phase="optimizer")
+        slot.hung()
+        slot.sweep()
+    slot.train(10)
+    # group 0 hangs: rank 1 never enters its all-gather, rank 0 is blocked in it
+    job.fr.collective("0", "all_gather", [[300]], members=job.members(0), absent=[1])
+    since = slot.now
+    for _ in range(15):
+        slot.advance(1.0)
+        job.wait(0, "group", slot.now - since, phase="forward")
+        job.wait(1, None, phase="forward")
+        for r in (2, 3):
+            job.wait(r, "cross", slot.now - since, phase="quorum")
+        slot.hung()
+        slot.sweep()
+    assert sorted((f.replica_group, f.resolved_at) for f in slot.hangs()) == [(0, None),
+                                                                               (2, None)]
+    held, hung = (next(i for i in led.incidents.values() if i.replica_group == g)
+                  for g in (2, 0))
+    assert set(held.cost) == {"capacity_lost"}, held.cost
+    assert {r.cause for r in led.runs if r.incident == held.id} <= {"capacity_lost"}
+    # groups 0 and 1's time since group 0's hang began (settled or not) is its stall
+    assert {(r.cause, r.incident) for r in led.runs
+            if r.t0 >= since and r.groups == [0, 1]} == {("stall", hung.id)}
+    enf.store.close()

@@ -39,6 +39,9 @@ class Incidents(dict[int, Incident]):
         self.next_id = 1
         self.seen_evictions: set[int] = set()
         self.open_findings = 0  # in the last sweep
+        # the groups that answered out of the newest quorum in the last sweep: a group the
+        # others go on without holds none of their commits (Incidents.unacted)
+        self.left: set[int] = set()
         self.dirty: set[int] = set()  # changed since the last save
         self.swept = False  # a sweep's findings ingested (a restored ledger: not yet)
         # incidents whose findings a monitor restart closed -> until when they wait for the
@@ -53,6 +56,8 @@ class Incidents(dict[int, Incident]):
         again; one held before keeps its deadline (else frequent restarts never resolve it)."""
         open_ids = {fid for fid in map(as_int, (f.get("id") for f in findings))
                     if fid is not None}
+        self.left = {g for g, gv in view.groups.items() if gv.reachable} \
+            - {gv.replica_group for gv in view.in_quorum()}
         if not self.swept:
             self.swept = True
             new = [i.id for i in self.open() if i.finding_ids and i.resolved_at is None
@@ -252,9 +257,11 @@ class Incidents(dict[int, Incident]):
         """Open incidents not acted on by ``t``: findings open, no eviction before ``t`` (the
         kill a sweep decides is stamped after its time: that sweep's slow time is still the
         fault's, not yet a recovery); begun before ``t`` (a manual kill stamped after a sweep's
-        time explains none of it)."""
+        time explains none of it); not of a group that answers out of the quorum (``left``):
+        the others go on without it, so it stops none of their commits (its cost is capacity)."""
         return [i for i in self.open() if i.resolved_at is None and i.onset_at < t
-                and (i.evicted_at is None or i.evicted_at >= t)]
+                and (i.evicted_at is None or i.evicted_at >= t)
+                and i.replica_group not in self.left]
 
     def explaining(self, drag: bool, t: float, committed_at: float | None = None
                    ) -> Incident | None:

@@ -314,13 +314,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         """A fault confirmed by ``inc``'s kill and not acted on then (its eviction held) that
         explains the job's slowness once the kill's own part is over, by the ranks' commits:
         the job went on without the killed group (a fault that slows commits), or committed
-        nothing for a whole window since the kill (one that may stop them)."""
+        nothing for a whole window since the kill (one that may stop them); not one of a group
+        the others go on without (Incidents.left)."""
         if self.last_at is None or self.last_at <= inc.evicted_at:
             return None
         went_on = self.went_on_at is not None and self.went_on_at > inc.evicted_at
         stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.job.window
+        left = self.incidents.left
         return min((i for i in opened if i is not inc and i.resolved_at is None
-                    and i.detected_at <= inc.evicted_at
+                    and i.detected_at <= inc.evicted_at and i.replica_group not in left
                     and (i.evicted_at is None or i.evicted_at > inc.evicted_at)
                     and ((went_on and i.kind in DRAG_KINDS)
                          or (stalled and i.kind not in UNSTOPPING))),

@@ -25,7 +25,9 @@ incident's group-steps are in the baseline it closed with (``_follow_incidents``
 its group's time order (``_settle``). And: idle recovery waits, uncounted, for the job's next
 commit, a fault confirmed meanwhile claiming it back to its onset (``_provisional``, ``_badput``,
 ``_pending_to_stall``), and a crash (``dead``) explains the stall until the job commits again
-(``_account``, ``committed_at``)."""
+(``_account``, ``committed_at``). And: an incident of a group that answers out of the newest
+quorum (``left``) explains no stall or drag of the others, nor cuts their pace window
+(``_explaining``, ``_account``, ``_end_recoveries``)."""
 
 from __future__ import annotations
 
@@ -158,6 +160,7 @@ class GoodputLedger:
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
         self.groups: dict[int, _Group] = {}
+        self.left: set[int] = set()  # the groups answering out of the newest quorum
         self.job_step: int | None = None
         self.job_history: deque = deque()  # (t, job step)
         self.job_rids: set[str] | None = None  # the in-quorum incarnations at job_step
@@ -225,6 +228,8 @@ class GoodputLedger:
         if self.since is None and first is None:
             return acct  # no job seen yet: the ledger's clock has not started
         in_quorum = {g.replica_group for g in view.in_quorum()}
+        # answering, out of the newest quorum: the others go on without it
+        self.left = {g for g, gv in view.groups.items() if gv.reachable} - in_quorum
         deltas = self._ingest_groups(view, in_quorum, now)
         self._ingest_findings(view, findings, now)
         self._ingest_evictions(evictions, now)
@@ -580,7 +585,7 @@ class GoodputLedger:
                  if (straggler is None or (i.kind in DRAG_KINDS if straggler
                                            else i.kind not in UNSTOPPING))
                  and (i.evicted_at is None or i.evicted_at >= t) and i.resolved_at is None
-                 and i.onset_at < t]
+                 and i.onset_at < t and i.replica_group not in self.left]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
     def _group_incident(self, g: int | None) -> Incident | None:
@@ -636,7 +641,8 @@ class GoodputLedger:
         # the pace window never reaches back across the onset of an incident not yet acted on
         cuts = [i.onset_at for i in self._open_incidents()
                 if (i.evicted_at is None or i.evicted_at >= now)
-                and i.resolved_at is None and now - self.window < i.onset_at < now]
+                and i.resolved_at is None and now - self.window < i.onset_at < now
+                and i.replica_group not in self.left]
         cut = max(cuts) if cuts else None
         judged_from = now - self.horizon
         for grp in self.groups.values():
@@ -727,6 +733,7 @@ class GoodputLedger:
             stalled = now - max(inc.evicted_at, self.last_commit_at or 0.0) >= self.window
             held = sorted((i.detected_at, i.id) for i in opened if i is not inc
                           and i.resolved_at is None and i.detected_at <= inc.evicted_at
+                          and i.replica_group not in self.left
                           and (i.evicted_at is None or i.evicted_at > inc.evicted_at)
                           and ((went_on and i.kind in DRAG_KINDS)
                                or (stalled and i.kind not in UNSTOPPING)))
