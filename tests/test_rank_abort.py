@@ -111,6 +111,42 @@ def test_an_abort_for_a_quorum_the_rank_has_left_aborts_nothing():
     assert manager.reported == []  # the Manager was not told: its step goes on
 
 
+def test_a_rank_waiting_for_its_next_quorum_aborts_nothing():
+    """torchft's allreduce waits for the step's quorum before any collective; an abort then was
+    reported into the new quorum's step and failed it (its peers waited out the group's timeout).
+    Once the quorum is reached, the collective is that quorum's: one the abort was not for is
+    refused, whatever quorum the rank published last (it lags the Manager's for a moment)."""
+    from concurrent.futures import Future
+
+    class PG:
+        pass
+
+    manager = FakeManager(PG(), quorum_id=3)
+    manager._quorum_future = Future()
+    with pytest.raises(NothingToAbort, match=r"^waiting for its next quorum, in no collective "
+                                             r"\(the abort was for quorum 3\)$"):
+        abort_cross_group(manager, "peer gone", 1, for_quorum=3)
+    assert manager.reported == []
+    manager._quorum_future.set_result(None)
+    manager._quorum_id = 4  # reached: the rank's collective is quorum 4's
+    srv = WorkerServer(RankState(RankIdentity()), exit_token=TOKEN).serve()
+    try:
+        srv.attach(manager)
+        srv.state.set_quorum(3, 2, True)  # published before the new quorum was reached
+        srv.state.set_phase("allreduce")
+        r = requests.post(srv.url + "/v1/abort", json={"reason": "peer gone", "quorum_id": 3},
+                          headers=AUTH, timeout=5)
+        assert r.status_code == 409, r.text
+        assert "this rank is in quorum 4, the abort was for quorum 3" in r.json()["error"]
+        assert manager.reported == []
+        manager._quorum_id = 3  # blocked in quorum 3's collective: aborted
+        r = requests.post(srv.url + "/v1/abort", json={"reason": "peer gone", "quorum_id": 3},
+                          headers=AUTH, timeout=5)
+        assert r.status_code == 202 and len(manager.reported) == 1, r.text
+    finally:
+        srv.stop()
+
+
 def test_a_worker_server_without_a_manager_answers_409_over_http():
     srv = WorkerServer(RankState(RankIdentity()), exit_token=TOKEN).serve()
     try:

@@ -7,12 +7,15 @@ few ahead, so groups 0 and 1 block in that all_reduce, then its process is SIGST
 heartbeats stop and its TCP connections stay open, as when a host drops off the network. Without
 the token the abort is refused and the survivors stay blocked; with it they fail the collective,
 do not commit that step, and commit again in a quorum of two, the same processes throughout.
+And a survivor only waiting for its next quorum (a user's loop, on each torchft the suite has) is
+neither picked by the monitor nor aborted.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -20,7 +23,18 @@ import requests
 
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import stop_process, wait_until
+from monitor.act.survivors import Gone, blocked_survivors
+from tests.conftest import IN_CI
 from tests.support.workers import struck_state, try_state
+from tests.test_rank_wire_auth_rounds import view_of
+from tests.test_torchft_versions_e2e import (
+    EXAMPLE,
+    FLAVOURS,
+    HOOK_LINE,
+    LIGHTKEEPER,
+    Job,
+    available,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -104,3 +118,62 @@ def test_abort_lets_survivors_out_of_a_collective_on_a_stopped_peer(tmp_path):
         if victim is not None:
             stop_process(victim, grace=0)  # SIGKILL ends a stopped process too
         c.stop()
+
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_survivor_waiting_for_its_next_quorum_is_not_aborted(tmp_path, flavour):
+    """examples/torchft_two_groups.py (torchft's default asynchronous quorum, ``Manager.allreduce``
+    by hand) under ``lightkeeper run``, per torchft; group 1 is SIGKILLed and the Lighthouse (15 s
+    heartbeat timeout) keeps the next quorum waiting for it. torchft's allreduce waits for that
+    quorum before any collective: the rank said phase ``allreduce``, the monitor counted it
+    blocked in the old quorum's collective, and it took the abort; its report failed the next
+    quorum's step, whose peers waited out the process group's timeout (a reviewer's 3-group job:
+    10 s). Now it says phase ``quorum``, the monitor's selection leaves it out, the rank refuses
+    (409), and its first step in the new quorum commits."""
+    if why := available(flavour):
+        if IN_CI:
+            pytest.fail(why)
+        pytest.skip(why)
+    job = Job(flavour, tmp_path)
+    try:  # its Lighthouse, slow to drop a group (its --join_timeout_ms given again)
+        job.start("lighthouse", [*job.lighthouse_cmd[:-2], "--join_timeout_ms", "15000",
+                                 "--heartbeat_timeout_ms", "15000"])
+        for g in (0, 1):
+            job.start(f"group{g}", [*LIGHTKEEPER, "run", "--", sys.executable, str(EXAMPLE),
+                                    "--steps", "100000"],
+                      REPLICA_GROUP_ID=str(g), LIGHTKEEPER_EXIT_TOKEN=EXIT_TOKEN)
+        urls = [job.wait_line(f"group{g}", HOOK_LINE)[2] for g in (0, 1)]
+
+        def both_committing():
+            states = [try_state(u) for u in urls]
+            return states if all(s and s["num_participants"] == 2 and s["commits"] >= 2
+                                 for s in states) else None
+
+        gone = job.wait(both_committing, 120, "2 groups in one quorum")[1]
+        stop_process(job.procs["group1"], grace=0)  # its connections close, its heartbeats stop
+
+        def waiting_for_next_quorum():
+            s = try_state(urls[0])
+            w = s and s["timing"]["waiting"]
+            # a collective with a killed peer fails at once: a cross-group wait this long in the
+            # old quorum is the wait for the next one (the Lighthouse still hears group 1)
+            return s if (w and w["scope"] == "cross" and w["seconds"] >= 2.0
+                         and s["quorum_id"] == gone["quorum_id"]) else None
+
+        waiting = job.wait(waiting_for_next_quorum, 10, "group 0 waiting for its next quorum")
+        r = post(urls[0], "/v1/abort", {"reason": "group 1 is gone", "decision": 7,
+                                        "quorum_id": gone["quorum_id"]}, EXIT_TOKEN)
+        assert r.status_code == 409, r.text
+        assert "this rank is in phase quorum" in r.json()["error"], r.text
+        assert blocked_survivors(view_of({urls[0]: waiting}), Gone(
+            1, gone["replica_id"], gone["quorum_id"], "unheard")) == []
+
+        after = job.wait(lambda: (s := try_state(urls[0])) and s["quorum_id"] != waiting[
+            "quorum_id"] and s["commits"] > waiting["commits"] and s, 40,
+            "group 0 committing in its next quorum")
+        assert after["commit_failures"] == waiting["commit_failures"]  # its first step there
+        assert after["pid"] == waiting["pid"] and job.procs["group0"].poll() is None
+        assert "abort of the cross-group process group" not in job.log("group0")
+    finally:
+        job.stop()

@@ -401,10 +401,10 @@ def abort_cross_group(manager: Any, reason: str, decision: int | None = None,
     """Make a collective blocked in ``manager``'s cross-group process group fail now (see the
     module doc for how, per group type) and tell the Manager, so the step does not commit.
 
-    Raises :class:`NothingToAbort` when there is no Manager or it has no process group, or when
-    ``for_quorum`` is given and the Manager is in another quorum by now (its rebuilt group, or
-    the one being built, is healthy: failing it would cost a good step). Never stops the
-    process; what it could not do is said in ``detail`` and the one log line."""
+    Raises :class:`NothingToAbort` when there is no Manager or it has no process group, when
+    the Manager waits for its next quorum, or when ``for_quorum`` is given and the Manager is in
+    another quorum (its rebuilt group is healthy: failing it would cost a good step). Never
+    stops the process; what it could not do is said in ``detail`` and the one log line."""
     if manager is None:
         raise NothingToAbort("no torchft Manager is attached to this WorkerServer")
     outer = getattr(manager, "_pg", None)
@@ -414,6 +414,14 @@ def abort_cross_group(manager: Any, reason: str, decision: int | None = None,
         pg = innermost_pg(outer)
     except Exception:  # a torchft this code does not know: abort what the Manager holds
         pg = outer
+    from .instrument import quorum_pending
+
+    # torchft's allreduce waits for the step's quorum before any collective: a report now would
+    # land in the new quorum's step (torchft cleared the last one at start_quorum) and fail it
+    if quorum_pending(manager):
+        raise NothingToAbort("waiting for its next quorum, in no collective"
+                             + (f" (the abort was for quorum {for_quorum})"
+                                if for_quorum is not None else ""))
     quorum_id = _int_or_none(lambda: getattr(manager, "_quorum_id", None))
     if for_quorum is not None and quorum_id is not None and quorum_id != for_quorum:
         raise NothingToAbort(f"moved on: this rank is in quorum {quorum_id}, the abort was for "

@@ -5,7 +5,7 @@ Wraps, on the Manager *instance*, the calls every torchft loop makes:
 - ``start_quorum`` (``OptimizerWrapper.zero_grad``): a step begins; phase ``quorum`` then
   ``forward`` (the quorum runs asynchronously during the forward pass);
 - ``wait_quorum``: quorum id, participants and participation become known;
-- ``allreduce``: phase ``allreduce``;
+- ``allreduce``: phase ``allreduce`` (``quorum`` while it first waits for an asynchronous quorum);
 - ``should_commit`` (``OptimizerWrapper.step``): phase ``commit`` (``healing`` instead when this
   group recovers from a peer: torchft loads the peer's state there), then the step is finished
   and phase ``optimizer``.
@@ -46,6 +46,13 @@ def replica_id_of(manager: Any) -> str | None:
         return manager._store.get(key).decode("utf-8") or None
     except Exception:
         return None
+
+
+def quorum_pending(manager: Any) -> bool:
+    """The step's quorum is asked for and not reached yet (torchft's ``_quorum_future``); False
+    for a Manager without one."""
+    future = getattr(manager, "_quorum_future", None)
+    return future is not None and not future.done()
 
 
 def _update_quorum(manager: Any, state: RankState) -> None:
@@ -144,9 +151,12 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         return result
 
     def allreduce(original, *args, **kwargs):
-        state.set_phase("allreduce")
+        # torchft's allreduce waits for an asynchronous quorum first: until it is reached the
+        # rank is in no collective (an abort then would fail the new quorum's step)
+        state.set_phase("quorum" if quietly(quorum_pending, manager) else "allreduce")
         with timer.waiting("cross"):  # includes wait_quorum when the quorum is asynchronous
             work = original(*args, **kwargs)
+        state.set_phase("allreduce")
         return _time_wait(work, timer, "cross")
 
     def should_commit(original, *args, **kwargs):

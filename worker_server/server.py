@@ -392,7 +392,7 @@ class WorkerServer:
         """``POST /v1/abort``: fail a collective blocked in the attached Manager's cross-group
         process group now (:func:`worker_server.abort.abort_cross_group`); the process goes on.
         Raises :class:`~worker_server.abort.NothingToAbort` when no Manager is attached, or the
-        rank is not in the cross-group collective (phase ``allreduce``) any more."""
+        rank is not in the cross-group collective (phase ``allreduce``) of ``quorum_id``."""
         manager = self._manager() if self._manager is not None else None
         # told late (another survivor's abort failed its step first), the rank is in its next
         # step: an abort now would fail that one, and its peers would wait out the group's timeout
@@ -400,11 +400,6 @@ class WorkerServer:
         if manager is not None and phase != "allreduce":
             raise NothingToAbort(f"moved on: this rank is in phase {phase}, not blocked in the "
                                  "cross-group collective")
-        # the quorum this rank last published is the one the monitor saw it blocked in: its
-        # Manager may be a quorum further inside that same step (the state catches up at the
-        # step's end), so only a newer published quorum says it moved on
-        if quorum_id is not None and quorum_id == self.state.quorum_id:
-            quorum_id = None
         result = abort_cross_group(manager, reason, decision, self._connections, quorum_id)
         return {**result.as_dict(), "aborted": True, "reason": reason, "decision": decision,
                 "pid": self.state.identity.pid, "rank": self.state.identity.rank}
