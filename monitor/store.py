@@ -91,7 +91,10 @@ CREATE TABLE IF NOT EXISTS monitor_identity (
 FORMAT = 1
 # columns added after a release: (table, column, declaration), added to an older file at start
 ADDED_COLUMNS = (("decisions", "bundle", "TEXT"), ("decisions", "job", "TEXT"),
-                 ("findings", "reconfirms", "INTEGER"))
+                 ("findings", "reconfirms", "INTEGER"), ("findings", "job", "TEXT"))
+# kinds whose episode commits no step (a hang, a job-wide stall): a step past their finding's
+# ends it; another kind's restart mark (a straggler steps on) starts at the next run's first look
+STALLS = ("hang", "job_stall")
 
 # a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
 JOB_GROUP = -1
@@ -276,13 +279,13 @@ class Store(GoodputTables, HostTables):
     def add_finding(self, f: dict[str, Any]) -> int:
         return self._add("findings",
             "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
-            "first_seen, confirmed_at, resolved_at, resolution, reconfirms) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "first_seen, confirmed_at, resolved_at, resolution, reconfirms, job) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (f["kind"], JOB_GROUP if f["replica_group"] is None else f["replica_group"],
              f.get("replica_id"), json.dumps(f["ranks"]),
              json.dumps(f.get("evidence") or {}, default=str), f["first_seen"],
              f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution"),
-             f.get("reconfirms")))
+             f.get("reconfirms"), self.job))
 
     def resolve_finding(self, finding_id: int, at: float, resolution: str,
                         evidence: dict[str, Any] | None = None) -> None:
@@ -299,29 +302,35 @@ class Store(GoodputTables, HostTables):
     def restart_marks(self, at: float) -> dict[tuple, tuple[int, int | None]]:
         """A starting monitor's: the findings a previous run left open, closed as
         ``monitor_restarted``, and the marks a run before left: key -> (its episode: the id of
-        its first finding, the lowest step seen since). Saved at once: a run that stops before
-        it confirms them again hands them on."""
+        its first finding, the lowest step seen since; a stall's: its finding's). This --job's
+        only: another job's are kept for its monitor; those of a file from before findings named
+        their job are no one's (found again, counted again, not taken for another job's).
+        Saved at once: a run that stops before it confirms them again hands them on."""
         with self.atomic():
-            rows = self._rows("SELECT data FROM restart_marks")
-            marks = {tuple(m[:3]): (m[3], m[4]) for m in json.loads(rows[0][0])} if rows else {}
-            for r in self._rows("SELECT id, kind, replica_group, replica_id, reconfirms FROM "
-                                "findings WHERE resolved_at IS NULL"):
+            saved = self._saved_marks()
+            for r in self._rows("SELECT id, kind, replica_group, replica_id, reconfirms, job, "
+                                "evidence FROM findings WHERE resolved_at IS NULL"):
                 self.resolve_finding(r["id"], at, "monitor_restarted")
-                key = (r["kind"], _group(r["replica_group"]), r["replica_id"])
-                marks[key] = (r["reconfirms"] or r["id"], None)
-            self.save_restart_marks(marks)
+                step = json.loads(r["evidence"]).get("step") if r["kind"] in STALLS else None
+                saved.append([r["kind"], _group(r["replica_group"]), r["replica_id"],
+                              r["reconfirms"] or r["id"], step if type(step) is int else None,
+                              r["job"]])
+            marks = {tuple(m[:3]): (m[3], m[4]) for m in saved if m[5:] == [self.job]}
+            self.save_restart_marks(marks, saved)
         return marks
 
-    def save_restart_marks(self, marks: dict[tuple, tuple[int, int | None]]) -> None:
-        """The newest 1000 kept: a mark whose group never comes back is never forgotten."""
-        self._write("INSERT OR REPLACE INTO restart_marks (id, data) VALUES (1, ?)",
-                    (json.dumps([[*k, *v] for k, v in marks.items()][-1000:]),))
+    def _saved_marks(self) -> list[list]:
+        rows = self._rows("SELECT data FROM restart_marks")
+        return json.loads(rows[0][0]) if rows else []
 
-    def open_finding_ids(self) -> dict[tuple, int]:
-        """(kind, replica_group, replica_id) -> id of findings not resolved yet."""
-        rows = self._rows("SELECT id, kind, replica_group, replica_id FROM findings "
-                          "WHERE resolved_at IS NULL")
-        return {(r["kind"], _group(r["replica_group"]), r["replica_id"]): r["id"] for r in rows}
+    def save_restart_marks(self, marks: dict[tuple, tuple[int, int | None]],
+                           saved: list[list] | None = None) -> None:
+        """This job's ``marks`` in place of its saved ones, other jobs' kept. The newest 1000
+        kept: a mark whose group never comes back is never forgotten."""
+        others = [m for m in (self._saved_marks() if saved is None else saved)
+                  if len(m) == 6 and m[5] != self.job]
+        self._write("INSERT OR REPLACE INTO restart_marks (id, data) VALUES (1, ?)", (json.dumps(
+            [*others, *([*k, *v, self.job] for k, v in marks.items())][-1000:]),))
 
     def findings(self, limit: int = 500, open_only: bool = False) -> list[dict[str, Any]]:
         where = " WHERE resolved_at IS NULL" if open_only else ""

@@ -22,6 +22,7 @@ from monitor.detect.findings import Finding
 from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
 from monitor.evidence.rank import RankView
 from monitor.evidence.verification import VERIFIED, Trust
+from monitor.evidence.view import ViewBuilder
 from monitor.store import Store
 from tests.support.views import scratch_view
 from tests.test_detect_network_hosts import cut
@@ -328,3 +329,89 @@ def test_an_episode_a_previous_run_never_charged_counts_when_found_again(make, c
     assert dead(enf, lighthouse(True)) == "quarantined"
     assert [(o["data"]["counts"], o["data"].get("note")) for o in
             enf.store.host_offences("host-g1")] == [(True, None), (True, None)]
+
+
+def monitor_run(make, clock, job: str = "t") -> Enforcer:
+    """A monitor of ``job`` started on the --state: its restart marks taken, as Monitor does."""
+    enf = make(Detectors(DetectorConfig(straggler_steps=6, hang_floor_s=1.0, dead_sweeps=2),
+                         clock=clock), job=job)
+    enf.detectors.restarted = enf.store.restart_marks(clock.t)
+    return enf
+
+
+def stall(enf: Enforcer, job: Job, clock: Clock, healthy: int, ranks: int = 0) -> list[Finding]:
+    """``healthy`` sweeps of steps, then every rank from ``ranks`` on in the cross-group
+    collective (a fresh view builder: a new monitor's) for three sweeps: the findings recorded."""
+    job.vb, found = ViewBuilder(), []
+    for i in range(healthy + 3):
+        if i < healthy:
+            job.steps(3, now=clock.t + 1.0, noise=0.01)
+        else:
+            for r in range(ranks, job.world):
+                job.wait(r, "cross", 5.0, phase="allreduce")
+        clock.t += 1.0
+        view = verified(job, clock.t)
+        wanted = enf.detectors.fr_wanted(view, clock.t)
+        found += enf.record(enf.detectors.update(view.evidence(), job.dumps() if wanted else None,
+                                                 clock.t, full_view=view), clock.t)
+    return found
+
+
+def stalls_counted(enf: Enforcer) -> float:
+    return enf.metrics.registry.get_sample_value("lightkeeper_monitor_findings_total", {
+        "job": enf.cfg.job, "kind": "job_stall", "replica_group": "job"}) or 0.0
+
+
+def test_another_jobs_restart_mark_confirms_none_of_this_jobs_findings(make, clock):
+    """Job t's monitor stops with a job_stall open; a monitor of job u on its --state (one keeps
+    the audit log) finds u's first stall: counted, confirming nothing again. t's monitor back,
+    its job still stalled: that episode found again, not counted again. Before, t's episode,
+    keyed by kind alone, was taken as found again by u: u's findings_total stayed 0."""
+    t = Job()
+    t.step = 1488
+    (first,) = stall(monitor_run(make, clock), t, clock, 4)
+    enf = monitor_run(make, clock, "u")
+    (f,) = stall(enf, Job(seed=5), clock, 1)
+    assert (f.reconfirms, stalls_counted(enf)) == (None, 1)
+    enf = monitor_run(make, clock)
+    (again,) = stall(enf, t, clock, 0)
+    assert (again.reconfirms, stalls_counted(enf)) == (enf.store.findings()[-1]["id"], 0)
+
+
+@pytest.mark.parametrize("after", ["stalled", "through", "healed"])
+def test_a_stall_healed_while_no_monitor_ran_counts_when_it_comes_back(make, clock, after):
+    """Job t stalls at step 1500; its monitor stops with the job_stall open. ``healed``: with no
+    monitor, the stall clears, the job commits 21 steps and stalls again: the next monitor's
+    first look has the job past 1500, that episode over, and the new stall counts. Before, the
+    restart mark started at that first look's step (the new stall's): taken as the old one found
+    again, not counted. ``stalled``: the same stall, found again, not counted again; so too
+    ``through``: groups 0 and 1 through the collective (step 1501) while group 2 is still in it,
+    no step committed job-wide."""
+    job = Job()
+    job.step = 1488
+    stall(monitor_run(make, clock), job, clock, 4)
+    if after == "healed":
+        for _ in range(7):
+            clock.t += 1.0
+            job.steps(3, now=clock.t, noise=0.01)
+    for r in range(job.members(2)[0] if after == "through" else 0):
+        job.states[r].update(step=1501, phase="quorum", phase_since=clock.t)
+        job.wait(r, None)
+    enf = monitor_run(make, clock)
+    (f,) = stall(enf, job, clock, 0, 4 if after == "through" else 0)
+    assert f.evidence["step"] == {"stalled": 1500, "through": 1501, "healed": 1521}[after]
+    assert (f.reconfirms, stalls_counted(enf)) == ((None, 1) if after == "healed" else (1, 0))
+
+
+def test_an_older_files_open_finding_is_no_jobs_restart_mark(tmp_path):
+    """The last release's --state left a dead finding open, from before findings named their
+    job: a monitor started on it closes it and marks it for no job (found again, it counts once
+    more rather than hide another job's first finding)."""
+    shutil.copy(OLD / "monitor.sqlite", tmp_path / "state.sqlite")
+    store = Store(str(tmp_path / "state.sqlite"))
+    store.job = "lightkeeper"
+    try:
+        assert store.restart_marks(T0) == {}
+        assert [f["resolution"] for f in store.findings()] == ["monitor_restarted", "left_job"]
+    finally:
+        store.close()

@@ -97,7 +97,7 @@ def test_new_monitor_keeps_an_old_monitors_files_and_hides_its_hook_secret(tmp_p
         findings = {f["id"]: f for f in get("/v1/findings")}
         assert findings[1]["resolution"] == "left_job"
         assert findings[2]["resolution"] == "monitor_restarted"
-        assert findings[2]["reconfirms"] is None  # a column the old file is given
+        assert (findings[2]["reconfirms"], findings[2]["job"]) == (None, None)  # columns added
         goodput = get("/v1/goodput")
         assert goodput["error"] is None
         assert [(i["id"], i["eviction_id"]) for i in goodput["incidents"]] == [(1, 1)]

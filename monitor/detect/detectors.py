@@ -59,9 +59,9 @@ class Detectors:
         # [now, the dumps, their traces, errors, the engine's findings or None] of the last look
         self._look: list | None = None
         # keys of the findings a previous run left open (Store.restart_marks) -> (their
-        # episode's first finding id, their group's lowest step seen since): their first
-        # confirmation here is that episode again (counted by the run that found it), until
-        # _episodes_over
+        # episode's first finding id, their group's lowest step seen since, a stall's from its
+        # finding's): their first confirmation here is that episode again (counted by the run
+        # that found it), until _episodes_over
         self.restarted: dict[tuple, tuple[int, int | None]] = {}
 
     @property
@@ -224,15 +224,16 @@ class Detectors:
         return new
 
     def _episodes_over(self, full: ClusterView) -> None:
-        """Forget a restarted key once its group (a job-wide one: the job) committed a step past
-        the lowest it showed since (a restart from a checkpoint goes back), every rank of it
-        answering and nothing of that kind open there or pending (a straggler's late window, a
-        job-wide finding): a stall commits none, a dead rank does not answer; a fault back
-        later is a new episode."""
+        """Forget a restarted key once its group (a job-wide one: each group of the quorum)
+        committed a step past the lowest it showed since, or a stall's finding showed (a
+        restart from a checkpoint goes back), every rank of it answering and nothing of that
+        kind open there or pending (a straggler's late window, a job-wide finding): a stall
+        commits none, a dead rank does not answer; a fault back later is a new episode."""
         for key, (episode, was) in list(self.restarted.items()):
             kind, g, _ = key
             gv = full.groups.get(g)
-            step = full.newest_step() if g is None else gv.step if gv else None
+            step = gv.step if gv else None if g is not None else min(
+                (q.step for q in full.in_quorum() if q.step is not None), default=None)
             if step is None:
                 continue
             if was is None or step < was:
