@@ -961,8 +961,10 @@ def _incidents(mon, finding, since: float):
     from monitor.goodput.incidents import Incidents
     from monitor.goodput.model import GoodputConfig
 
+    from tests.support.views import scratch_view
+
     incs = Incidents(GoodputConfig(), Slots(), lambda i: None)
-    incs.ingest_findings(None, [{**finding.to_dict(), "id": mon.fid(finding)}], mon.now, since,
+    incs.ingest_findings(scratch_view(mon.now, {}), [{**finding.to_dict(), "id": mon.fid(finding)}], mon.now, since,
                          GoodputConfig().horizon_s)
     incs.ingest_evictions(mon.store.decisions(decision="evict"), mon.now, since)
     return [(i.kind, i.finding_ids, i.evicted_at) for i in incs.values()]
