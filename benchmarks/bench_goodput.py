@@ -26,19 +26,22 @@ window, used once; ``--cold-restarts``: from scratch).
 polling load), with ``--dry-run`` in all but the Lightkeeper run: it detects and keeps its
 goodput ledger but never evicts (``--no-monitor-alone``: no monitor in the torchft-alone runs).
 
-Ground truth, read from the ranks themselves, not from the monitor:
+Ground truth, read from the ranks themselves, none of it from the ledger
+(``benchmarks/goodput_truth.py``):
 
 - committed steps: every ``step=N ... committed=True`` line each rank logs (its own clock,
   millisecond resolution), per group, every incarnation;
-- fault times: the target rank's ``/v1/state`` ``faults_struck_at`` (polled at 2 Hz).
+- fault onsets: the target rank's ``/v1/state`` ``faults_struck_at`` (polled at 2 Hz);
+- the healthy baseline: the median time between a group's commits before the first injection.
 
 Figures per run: committed samples per wall-second (group-steps x ranks per group x batch),
-goodput by the ledger's own definitions applied to the ground truth (:func:`goodput_from_commits`;
-the healthy baseline is the median time between a group's commits before the first fault),
-badput split by the fault window it fell in, onset -> job back at >= 90% of healthy pace per
-fault, and, where a monitor ran, its ledger (``GET /v1/goodput``) over the same window with
-badput by cause. :func:`reconcile` checks the ledger against the ground truth with stated
-tolerances. Output: a table, ``--out`` JSON and ``--png`` (committed samples over time).
+goodput by the ledger's definitions applied to the ground truth (:func:`goodput_from_commits`),
+badput split by the fault window it fell in, per fault onset -> job back at >= 90% of healthy
+pace (held for a second window, :func:`back_at_pace`) and the replica-seconds it cost, by cause
+(:func:`fault_truth`), and, where a monitor ran, its ledger (``GET /v1/goodput``) over the same
+window with badput by cause. :func:`reconcile` checks the ledger against the ground truth with
+tolerances in seconds and replica-seconds, against what one fault costs. Output: a table,
+``--out`` JSON and ``--png`` (committed samples over time).
 
     .venv/bin/python benchmarks/bench_goodput.py                       # 4 x ~2.5 min
     .venv/bin/python benchmarks/bench_goodput.py --duration 30 --slow-at 8 --hang-at 18 \\
@@ -52,15 +55,11 @@ start is recorded with its error and the others still run.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
-import math
 import os
-import re
 import secrets
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,19 +71,20 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-RUNS = ("fault_free", "torchft_defaults", "torchft_tuned", "lightkeeper")
-PACE_THRESHOLD = 0.9  # "at healthy pace", as the ledger (monitor/goodput/)
-PACE_WINDOW_S, PACE_WINDOW_STEPS = 3.0, 20  # the ledger's pace window W = max(3 s, 20 x b)
-BIN_S = 0.5  # ground-truth accounting resolution (the monitor's sweep interval here)
-# Reconciliation tolerances (the ledger against the ground truth, same window, same baseline)
-TOL_GOODPUT_RATIO = 0.05  # |goodput ratio difference| (5% of the expected replica-seconds)
-TOL_ONSET_S = 0.5  # an incident's onset vs the rank's own strike time (one sweep)
-TOL_FIRST_INTERVAL_S = 1.0  # its first badput interval's start vs the strike (two sweeps)
-TOL_RECOVERY_S = 3.0  # onset -> back at pace: the ledger's vs the ground truth's (~ W/2)
+from benchmarks.goodput_truth import (  # noqa: E402
+    badput_by_window,
+    badput_in_window,
+    commits_in,
+    fault_truth,
+    goodput_from_commits,
+    healthy_step_s,
+    job_commit_times,
+    ledger_window,
+    parse_commit_log,
+    reconcile,
+)
 
-# The trainer logs one line per finished step (trainer/loop.py, asctime on the local clock).
-COMMIT_RE = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ INFO step=(\d+) .*committed=True", re.M)
+RUNS = ("fault_free", "torchft_defaults", "torchft_tuned", "lightkeeper")
 
 
 @dataclass(frozen=True)
@@ -130,253 +130,6 @@ def demo_timeouts() -> Timeouts:
                     float(getattr(sc, "quorum_timeout_s", 60.0)),
                     int(getattr(sc, "join_timeout_ms", 5000)),
                     int(getattr(sc, "heartbeat_timeout_ms", 5000)))
-
-
-# --------------------------------------------------------------------------------------------
-# Pure functions (unit-tested in tests/test_bench_goodput.py)
-def parse_commit_log(text: str) -> list[tuple[float, int]]:
-    """``(unix time, step)`` of every committed step in one incarnation's log, sorted by time.
-
-    Several ranks of a group write the same log and each logs every step: a step counts once, at
-    the first rank's time. Lines another process's output ran into are skipped (no match)."""
-    first: dict[int, float] = {}
-    for m in COMMIT_RE.finditer(text):
-        t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
-        step = int(m.group(3))
-        if step not in first or t < first[step]:
-            first[step] = t
-    return sorted((t, s) for s, t in first.items())
-
-
-def healthy_step_s(commits: dict[int, list[float]], t0: float, t1: float) -> float | None:
-    """The healthy baseline: the median time between a group's consecutive commits, both in
-    ``[t0, t1]``, over every group (None with fewer than 5 such gaps)."""
-    gaps = []
-    for times in commits.values():
-        inside = [t for t in times if t0 <= t <= t1]
-        gaps += [b - a for a, b in zip(inside, inside[1:], strict=False) if b > a]
-    return statistics.median(gaps) if len(gaps) >= 5 else None
-
-
-def pace_window(b: float) -> float:
-    return max(PACE_WINDOW_S, PACE_WINDOW_STEPS * b)
-
-
-def _count(times: list[float], a: float, c: float) -> int:
-    """Commits in ``(a, c]``."""
-    return bisect.bisect_right(times, c) - bisect.bisect_right(times, a)
-
-
-def goodput_from_commits(commits: dict[int, list[float]], t0: float, t1: float, b: float,
-                         expected_groups: int, bin_s: float = BIN_S,
-                         threshold: float = PACE_THRESHOLD,
-                         baselines: list[tuple[float, float]] | None = None,
-                         cuts: list[tuple[float, float]] = ()) -> dict:
-    """Goodput of ``expected_groups`` slots over ``[t0, t1]`` from the groups' commit times, by
-    the ledger's definitions (monitor/goodput/): per slot and bin, a group whose commits in the
-    trailing window ``W`` (not before ``t0``) x ``b`` / its length reach ``threshold`` counts
-    the whole bin, else its commits in the bin x ``b``, at most the bin, what they hold beyond
-    it carried to the next bin (at most ``b``; reset at pace). A group without commits is all
-    badput; a slot of a group never seen too.
-
-    ``baselines``: ``(time, b)`` the baseline the ledger had from that time on (sorted); a bin
-    is judged with the one in force at its end (``b`` before the first). ``cuts``: ``(onset,
-    until)`` of each fault: for a bin ending in ``(onset, until]`` the trailing window starts
-    at the onset at the earliest (commits before a fault say nothing about the pace after it;
-    ``until``: the fault acted on, as the ledger's incident).
-
-    Returns ``goodput_s``, ``expected_s``, ``ratio`` and ``bins``: ``[start, end, goodput]``
-    summed over the slots. ValueError on an empty window or a baseline that is not > 0."""
-    if not t1 > t0:
-        raise ValueError(f"empty window: {t0} .. {t1}")
-    history = sorted((t, v) for t, v in baselines or [] if v and v > 0)
-    if not b or b <= 0 or expected_groups < 1:
-        raise ValueError(f"need a baseline > 0 and >= 1 group, got b={b!r}, "
-                         f"groups={expected_groups}")
-    series = [sorted(commits.get(g, [])) for g in sorted(commits)][:expected_groups]
-    # the trailing window starts at t0 at the earliest (what came before is not accounted); a
-    # window shorter than 2 steps says nothing about pace yet: the bin's own commits count
-    edges = [t0 + i * bin_s for i in range(int(math.ceil((t1 - t0) / bin_s - 1e-9)))] + [t1]
-    bins, total = [], 0.0
-    carry = [0.0] * len(series)
-    for a, c in zip(edges, edges[1:], strict=False):
-        i = bisect.bisect_right(history, (c, math.inf))
-        bc = history[i - 1][1] if i else b
-        dt, good = c - a, 0.0
-        start = max([c - pace_window(bc), t0] + [on for on, until in cuts if on < c <= until])
-        span = c - start
-        for k, times in enumerate(series):
-            if span >= 2 * bc and _count(times, start, c) * bc / span >= threshold:
-                good, carry[k] = good + dt, 0.0
-            else:
-                held = _count(times, a, c) * bc + carry[k]
-                good, carry[k] = good + min(dt, held), min(bc, held - min(dt, held))
-        bins.append([round(a, 3), round(c, 3), round(good, 4)])
-        total += good
-    expected = expected_groups * (t1 - t0)
-    return {"goodput_s": round(total, 3), "expected_s": round(expected, 3),
-            "ratio": round(total / expected, 4), "bins": bins, "baseline_s": round(b, 4),
-            "window_s": round(pace_window(b), 3),
-            "baselines": [min(v for _, v in history), max(v for _, v in history)]
-            if history else None}
-
-
-def fault_cuts(strikes: list[dict], evicted: dict[int, list[float]], t_end: float
-               ) -> list[tuple[float, float]]:
-    """``(strike, until)`` per fault for :func:`goodput_from_commits`: until its group's first
-    eviction after the strike (acted on), else ``t_end``."""
-    return [(s["at"], min((t for t in evicted.get(s["replica_group"], []) if t >= s["at"]),
-                          default=t_end)) for s in strikes]
-
-
-def badput_in_window(intervals: list[dict], t0: float, t1: float) -> dict[str, float]:
-    """The ledger's badput by cause (pending included) within ``[t0, t1]``: each interval's
-    replica-seconds pro rata of its overlap with the window (a diff of the ledger's totals
-    would also count time from before ``t0`` that settled within the window)."""
-    out: dict[str, float] = {}
-    for iv in intervals:
-        a, c, rs = iv.get("start"), iv.get("end"), iv.get("replica_seconds")
-        if a is None or c is None or not rs or c <= t0 or a >= t1:
-            continue
-        frac = 1.0 if c <= a else (min(c, t1) - max(a, t0)) / (c - a)
-        out[iv["cause"]] = out.get(iv["cause"], 0.0) + rs * frac
-    return {k: round(v, 3) for k, v in sorted(out.items())}
-
-
-def badput_by_window(bins: list[list[float]], expected_groups: int,
-                     marks: list[tuple[float, str]]) -> dict[str, float]:
-    """Each bin's badput (slots x bin - goodput) under the label of the latest mark at or before
-    the bin's start (``before faults`` before the first). Marks: ``(time, label)``."""
-    marks = sorted(marks)
-    out: dict[str, float] = {}
-    for a, c, good in bins:
-        label = "before faults"
-        for t, name in marks:
-            if t <= a + 1e-9:
-                label = name
-        out[label] = out.get(label, 0.0) + max(0.0, expected_groups * (c - a) - good)
-    return {k: round(v, 3) for k, v in out.items()}
-
-
-def job_commit_times(steps: dict[int, list[tuple[float, int]]]) -> list[float]:
-    """Times at which the job's newest committed step (the max over groups) moved on."""
-    events = sorted((t, s) for series in steps.values() for t, s in series)
-    out, top = [], None
-    for t, s in events:
-        if top is None or s > top:
-            if top is not None:
-                out.append(t)
-            top = s
-    return out
-
-
-def back_at_pace(job_times: list[float], after: float, t_end: float, b: float,
-                 threshold: float = PACE_THRESHOLD) -> float | None:
-    """The ledger's "back at pace" on ground truth: the start of the first window ``W`` that
-    begins at or after ``after`` (at ``after`` or at a commit) and ends by ``t_end`` in which
-    the job's newest step moves at >= ``threshold`` of one step per ``b``; None if none."""
-    w = pace_window(b)
-    starts = [after] + [t for t in job_times if t >= after]
-    for s in starts:
-        if s + w > t_end:
-            return None
-        if _count(job_times, s, s + w) * b / w >= threshold:
-            # never before the job's first commit after ``after`` (as the ledger)
-            first = next((t for t in job_times if t >= after), None)
-            return None if first is None else max(s, first)
-    return None
-
-
-def ledger_window(before: dict | None, after: dict | None) -> dict | None:
-    """The ledger's job totals between two ``GET /v1/goodput`` answers (a window of the run)."""
-    if not before or not after or not after.get("job"):
-        return None
-    j0, j1 = before.get("job") or {}, after["job"]
-    good = j1["goodput_seconds"] - j0.get("goodput_seconds", 0.0)
-    exp = j1["expected_seconds"] - j0.get("expected_seconds", 0.0)
-    bad0 = j0.get("badput_seconds") or {}
-    bad = {k: round(v - bad0.get(k, 0.0), 3) for k, v in j1["badput_seconds"].items()}
-    return {"from": before.get("at"), "to": after.get("at"),
-            "goodput_s": round(good, 3), "expected_s": round(exp, 3),
-            "ratio": round(good / exp, 4) if exp > 0 else None, "badput_s": bad,
-            "pending_s": j1.get("pending_seconds"),
-            "baseline_s": (after.get("baseline") or {}).get("step_seconds")}
-
-
-def reconcile(commits: dict[int, list[float]], job_times: list[float], ledger: dict,
-              incidents: list[dict], intervals: list[dict], strikes: list[dict],
-              expected_groups: int, baselines: list[tuple[float, float]] | None = None,
-              cuts: list[tuple[float, float]] = ()) -> list[dict]:
-    """The ledger against the ground truth, each check with its tolerance and verdict.
-
-    - ``goodput``: the ledger's goodput ratio over its window vs :func:`goodput_from_commits`
-      over the same window with the baseline the ledger had at each moment (``baselines``, its
-      answers polled during the run) and the faults' ``cuts``, so only the commit counts and
-      their timing can differ, within ``TOL_GOODPUT_RATIO``;
-    - per fault that struck: the incident of its replica group whose onset is nearest, its
-      ``onset_at`` vs the rank's ``faults_struck_at`` (``TOL_ONSET_S``); the first badput
-      interval tied to that incident starts no earlier than the strike less
-      ``TOL_FIRST_INTERVAL_S`` and no later than the strike plus it; its ``recovery_s`` vs
-      :func:`back_at_pace` on the ground truth from its eviction (``TOL_RECOVERY_S``); n/a
-      (``na``, not failed) for a recovery another fault's confirmation ended (``superseded``).
-    A fault without a matching incident fails its checks (the monitor missed it)."""
-    checks = []
-    b = ledger.get("baseline_s")
-    if b and ledger.get("from") and ledger.get("to") and ledger["to"] > ledger["from"]:
-        gt = goodput_from_commits(commits, ledger["from"], ledger["to"], b, expected_groups,
-                                  baselines=baselines, cuts=cuts)
-        diff = ledger["ratio"] - gt["ratio"]
-        checks.append({"check": "goodput ratio over the ledger's window",
-                       "ground_truth": gt["ratio"], "ledger": ledger["ratio"],
-                       "diff": round(diff, 4), "tolerance": TOL_GOODPUT_RATIO,
-                       "ok": abs(diff) <= TOL_GOODPUT_RATIO})
-    else:
-        checks.append({"check": "goodput ratio over the ledger's window", "ok": False,
-                       "note": "the ledger has no baseline or no window"})
-    for st in strikes:
-        name = f"{st['kind']} in group {st['replica_group']}"
-        mine = [i for i in incidents if i.get("replica_group") == st["replica_group"]
-                and i.get("onset_at") is not None]
-        if not mine:
-            checks.append({"check": f"{name}: an incident", "ok": False,
-                           "note": "no incident for this group in the ledger"})
-            continue
-        inc = min(mine, key=lambda i: abs(i["onset_at"] - st["at"]))
-        d = inc["onset_at"] - st["at"]
-        checks.append({"check": f"{name}: onset vs the rank's strike", "ground_truth": st["at"],
-                       "ledger": inc["onset_at"], "diff": round(d, 3),
-                       "tolerance": TOL_ONSET_S, "ok": abs(d) <= TOL_ONSET_S})
-        tied = [iv for iv in intervals if iv.get("incident") == inc["id"]]
-        if tied:
-            first = min(iv["start"] for iv in tied)
-            d = first - st["at"]
-            checks.append({"check": f"{name}: first badput interval vs the strike",
-                           "ground_truth": st["at"], "ledger": first, "diff": round(d, 3),
-                           "tolerance": TOL_FIRST_INTERVAL_S,
-                           "ok": abs(d) <= TOL_FIRST_INTERVAL_S})
-        else:
-            checks.append({"check": f"{name}: first badput interval vs the strike", "ok": False,
-                           "note": "no interval tied to the incident"})
-        if inc.get("back_to_pace") == "superseded":
-            # its back_to_pace_at is the next fault's detection, not the job back at pace
-            checks.append({"check": f"{name}: onset -> back at pace", "ok": True, "na": True,
-                           "ledger": inc.get("recovery_s"),
-                           "note": f"n/a: superseded by incident {inc.get('superseded_by')}"})
-        elif inc.get("back_to_pace_at") is not None and b:
-            after = inc.get("evicted_at") or inc.get("detected_at") or st["at"]
-            back = back_at_pace(job_times, after, ledger["to"], b)
-            if back is None:
-                checks.append({"check": f"{name}: onset -> back at pace", "ok": False,
-                               "ledger": inc.get("recovery_s"),
-                               "note": "the ground truth is never back at pace"})
-            else:
-                gt_rec = back - st["at"]
-                d = (inc["back_to_pace_at"] - inc["onset_at"]) - gt_rec
-                checks.append({"check": f"{name}: onset -> back at pace (s)",
-                               "ground_truth": round(gt_rec, 3), "ledger": inc.get("recovery_s"),
-                               "diff": round(d, 3), "tolerance": TOL_RECOVERY_S,
-                               "ok": abs(d) <= TOL_RECOVERY_S})
-    return checks
 
 
 # --------------------------------------------------------------------------------------------
@@ -596,8 +349,12 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
     steps = {int(g): [(t, s) for t, s in series] for g, series in raw["commits"].items()}
     commits = {g: [t for t, _ in series] for g, series in steps.items()}
     wall = t1 - t0
-    group_steps = sum(_count(times, t0, t1) for times in commits.values())
-    b = healthy_step_s(commits, t0 + 2.0, t0 + min(args.slow_at, args.duration))
+    group_steps = sum(commits_in(times, t0, t1) for times in commits.values())
+    # the healthy pace: the ranks' commits before the first injection (the schedule's time
+    # where none was made)
+    first = min((e["at"] for e in raw["events"] if e["event"] == "inject"),
+                default=t0 + min(args.slow_at, args.duration))
+    b = healthy_step_s(commits, t0 + 2.0, first)
     out = {"run": name, "wall_s": round(wall, 2), "committed_group_steps": group_steps,
            "samples_per_s": round(group_steps * samples_per_group_step / wall, 2),
            "healthy_step_s": None if b is None else round(b, 4),
@@ -618,38 +375,45 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
     if b is None:
         out["error"] = "too few healthy commits for a baseline"
         return out
-    evicted = {}
+    evicted, exits = {}, {}
     for d in raw["evictions"]:
         if d.get("decision") == "evict" and d.get("at"):
             evicted.setdefault(d["replica_group"], []).append(d["at"])
-    cuts = fault_cuts(strikes, evicted, t1)
-    gp = goodput_from_commits(commits, t0, t1, b, args.groups, cuts=cuts)
-    out["goodput"] = {k: v for k, v in gp.items() if k not in ("bins", "baselines")}
-    marks = [(s["at"], f"{s['kind']} (group {s['replica_group']})") for s in strikes]
-    out["badput_by_fault_s"] = badput_by_window(gp["bins"], args.groups, marks)
-    jt = job_commit_times(steps)
-    rec = []
-    for s in strikes:
-        after = min((t for t in evicted.get(s["replica_group"], []) if t >= s["at"]),
-                    default=s["at"])
-        back = back_at_pace(jt, after, t1, b)
-        # the detector's first evidence: the ledger's onset where no rank reports a strike
-        seen = sorted((f["confirmed_at"], f["first_seen"]) for f in raw["findings"]
-                      if f.get("first_seen") and f.get("replica_group") == s["replica_group"]
-                      and (f.get("confirmed_at") or 0) >= s["at"])
-        rec.append({"fault": f"{s['kind']} (group {s['replica_group']})",
-                    "onset_s": round(s["at"] - t0, 2),
-                    "first_seen_after_onset_s": round(seen[0][1] - s["at"], 2) if seen
-                    else None,
-                    "evicted_s": None if after == s["at"] else round(after - t0, 2),
-                    "back_at_pace_s": None if back is None else round(back - t0, 2),
-                    "recovery_s": None if back is None else round(back - s["at"], 2)})
-    out["recovery"] = rec
+    for e in raw["events"]:
+        if e["event"] == "restart":
+            exits.setdefault(e["replica_group"], []).append(e["at"])
+    evicted = {g: sorted(v) for g, v in evicted.items()}
     led = ledger_window(raw.get("ledger_start"), raw.get("ledger_end"))
     # reconciled from the ledger's first answer with a baseline (its startup over) to the end
     ready = next((x for x in raw.get("ledger_snapshots") or []
                   if (x.get("baseline") or {}).get("step_seconds") and x.get("at")), None)
     led_rec = ledger_window(ready, raw.get("ledger_end"))
+    window = led_rec or led
+    jt = job_commit_times(steps)
+    # each fault accounted to the ledger's last answer where there is one: the same span
+    t_end = max(t1, window["to"]) if window and window.get("to") else t1
+    faults = fault_truth(strikes, commits, jt, b, t_end, args.groups, evicted, exits)
+    cuts = [(f["onset"], f["back"] if f["back"] is not None else f["horizon"]) for f in faults]
+    gp = goodput_from_commits(commits, t0, t1, b, args.groups, cuts=cuts)
+    out["goodput"] = {k: v for k, v in gp.items() if k != "bins"}
+    marks = [(s["at"], f"{s['kind']} (group {s['replica_group']})") for s in strikes]
+    out["badput_by_fault_s"] = badput_by_window(gp["bins"], args.groups, marks)
+    rec = []
+    for f in faults:
+        # the detector's first evidence: the ledger's onset where no rank reports a strike
+        seen = sorted((x["confirmed_at"], x["first_seen"]) for x in raw["findings"]
+                      if x.get("first_seen") and x.get("replica_group") == f["replica_group"]
+                      and (x.get("confirmed_at") or 0) >= f["onset"])
+        rec.append({"fault": f"{f['kind']} (group {f['replica_group']})",
+                    "onset_s": round(f["onset"] - t0, 2),
+                    "first_seen_after_onset_s": round(seen[0][1] - f["onset"], 2) if seen
+                    else None,
+                    "evicted_s": _rel(f["evicted"], t0), "out_s": _rel(f["out"], t0),
+                    "rejoined_s": _rel(f["rejoined"], t0),
+                    "back_at_pace_s": _rel(f["back"], t0), "recovery_s": f["recovery_s"],
+                    "until_s": _rel(f["horizon"], t0), "cost_replica_s": f["cost_replica_s"],
+                    "cost_by_cause": f["by_cause"]})
+    out["recovery"] = rec
     if led:
         end = raw["ledger_end"]
         incidents = end.get("incidents") or []
@@ -665,9 +429,8 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
              "recovery_s": i.get("recovery_s"), "cost_replica_s":
                  (i.get("cost") or {}).get("replica_seconds"),
              "cost_by_cause": (i.get("cost") or {}).get("by_cause")} for i in incidents]
-        window = led_rec or led
-        # the baseline the ledger had at each moment (its answers every 2 s, and the last)
-        baselines = [(x["at"], x["baseline"]["step_seconds"])
+        # the ledger's baselines while it ran (its answers every 2 s): shown, not used
+        baselines = [x["baseline"]["step_seconds"]
                      for x in (raw.get("ledger_snapshots") or []) + [end]
                      if x.get("at") and (x.get("baseline") or {}).get("step_seconds")]
         intervals = end.get("intervals") or []
@@ -675,10 +438,13 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
             k: v for k, v in led_rec.items() if k not in ("from", "to")} | {
             "from_s": _rel(led_rec["from"], t0), "to_s": _rel(led_rec["to"], t0),
             "badput_in_window_s": badput_in_window(intervals, led_rec["from"], led_rec["to"]),
-            "baseline_range_s": [min(v for _, v in baselines), max(v for _, v in baselines)]
-            if baselines else None}
-        out["reconciliation"] = reconcile(commits, jt, window, incidents, intervals, strikes,
-                                          args.groups, baselines=baselines, cuts=cuts)
+            "baseline_range_s": [min(baselines), max(baselines)] if baselines else None}
+        truth = None
+        if window.get("from") and window.get("to") and window["to"] > window["from"]:
+            truth = goodput_from_commits(commits, window["from"], window["to"], b, args.groups,
+                                         cuts=cuts)
+            out["goodput_ledger_window"] = {k: v for k, v in truth.items() if k != "bins"}
+        out["reconciliation"] = reconcile(window, truth, faults, incidents, t0)
     out["series"] = {g: [[round(t - t0, 3), s] for t, s in series if t0 - 5 <= t <= t1]
                      for g, series in steps.items()}
     return out
@@ -694,7 +460,7 @@ def table(result: dict) -> str:
     runs = result["runs"]
     ff = next((r for r in runs if r["run"] == "fault_free" and "goodput" in r), None)
     lines = ["| run | samples/s | vs fault-free | goodput (ground truth) | vs fault-free | "
-             "ledger goodput (ground truth), from the ledger's baseline on | ledger badput by "
+             "ledger goodput over its window (ground truth) | ledger badput by "
              "cause, same window (replica-s) | badput by fault window (ground truth, replica-s) "
              "| onset -> back at pace (ground truth) |",
              "|---|---:|---:|---:|---:|---:|---|---|---|"]
@@ -708,8 +474,7 @@ def table(result: dict) -> str:
         vs_g = f"{g / ff['goodput']['ratio']:.2f}x" if ff else "-"
         led = r.get("ledger_reconciled_window") or r.get("ledger")
         lg = f"{led['ratio']:.3f}" if led and led.get("ratio") is not None else "-"
-        gt = next((c.get("ground_truth") for c in r.get("reconciliation") or []
-                   if c["check"].startswith("goodput") and "ground_truth" in c), None)
+        gt = (r.get("goodput_ledger_window") or {}).get("ratio")
         if gt is not None:
             lg += f" ({gt:.3f})"
         if led and "badput_in_window_s" in led:  # clipped to the window, pending included
@@ -722,7 +487,9 @@ def table(result: dict) -> str:
                 lb += f", pending {led['pending_s']:.1f}"
         bf = ", ".join(f"{k} {v:.1f}" for k, v in r["badput_by_fault_s"].items()) or "-"
         rc = "; ".join(f"{x['fault']} {x['recovery_s']:.1f}s" if x["recovery_s"] is not None
-                       else f"{x['fault']} never" for x in r["recovery"]) or "-"
+                       else f"{x['fault']} not before {x['until_s']:.1f}s"
+                       if x.get("until_s") is not None else f"{x['fault']} never"
+                       for x in r["recovery"]) or "-"
         lines.append(f"| {r['run']} | {sps:.1f} | {vs_s} | {g:.3f} | {vs_g} | {lg} | {lb} | "
                      f"{bf} | {rc} |")
     out = "\n".join(lines)
@@ -736,6 +503,8 @@ def table(result: dict) -> str:
             detail = (f"ground truth {c['ground_truth']}, ledger {c['ledger']}, diff "
                       f"{c['diff']} (tolerance {c['tolerance']})" if "diff" in c
                       else c.get("note", ""))
+            if "diff" in c and c.get("note"):
+                detail += f"; {c['note']}"
             out += f"\n  {'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {detail}"
     return out
 
@@ -747,16 +516,15 @@ def vs_fault_free(runs: list[dict]) -> str:
     ff = next((r for r in runs if r["run"] == "fault_free" and "goodput" in r), None)
 
     def recomputed(r: dict) -> float | None:
-        return next((c.get("ground_truth") for c in r.get("reconciliation") or []
-                     if c["check"].startswith("goodput") and "ground_truth" in c), None)
+        return (r.get("goodput_ledger_window") or {}).get("ratio")
 
     def ledger(r: dict) -> float | None:
         led = r.get("ledger_reconciled_window") or r.get("ledger") or {}
         return led.get("ratio")
 
-    lines = ["vs fault-free (goodput / fault-free goodput): ground truth with the pre-fault "
-             "baseline | ground truth with the ledger's baseline | ledger; faults' cost "
-             "(ledger incidents, replica-s / expected)"]
+    lines = ["vs fault-free (goodput / fault-free goodput): ground truth | ground truth over "
+             "the ledger's window | ledger; faults' cost (ledger incidents, replica-s / "
+             "expected; ground truth)"]
     for r in runs:
         if r["run"] == "fault_free" or "goodput" not in r:
             continue
@@ -769,7 +537,10 @@ def vs_fault_free(runs: list[dict]) -> str:
         exp = (r.get("ledger_reconciled_window") or {}).get("expected_s")
         each = ", ".join(f"{i['kind']} {i.get('cost_replica_s') or 0.0:.1f}" for i in incs)
         share = f" = {cost / exp:.3f}" if exp else ""
-        lines.append(f"  {r['run']}: {' | '.join(parts)}; faults {cost:.1f}{share} ({each})")
+        truth = ", ".join(f"{x['fault']} {x['cost_replica_s']:.1f}"
+                          for x in r.get("recovery") or [] if "cost_replica_s" in x)
+        lines.append(f"  {r['run']}: {' | '.join(parts)}; faults {cost:.1f}{share} ({each})"
+                     + (f"; ground truth: {truth}" if truth else ""))
     return "\n".join(lines)
 
 

@@ -1,37 +1,15 @@
 """The tools that read an incident's ``recovery_s`` from ``GET /v1/goodput`` where another
 fault's confirmation ended the recovery (``back_to_pace: superseded``): its
-``back_to_pace_at`` is that detection, not the job back at pace, so neither the benchmark's
-reconciliation nor the demo report reads it as one. Plain data, no processes."""
+``back_to_pace_at`` is that detection, not the job back at pace, so the demo report does not
+read it as one (the benchmark's reconciliation: tests/test_bench_goodput.py). Plain data, no
+processes."""
 
 from __future__ import annotations
 
-from benchmarks.bench_goodput import back_at_pace, job_commit_times, reconcile
 from lightkeeper import recovery
 from lightkeeper.report import recoveries
 from lightkeeper.report_text import cost_markdown
-from tests.test_bench_goodput import B, ledger_of, steady
 from tests.test_demo_recovery import EVICTIONS, HANG, LIGHTHOUSE, T0, hang_run
-
-
-def test_reconcile_marks_a_superseded_recovery_not_applicable_not_failed():
-    # group 2 hangs at 20 s, evicted at 22 s; a second fault confirmed at 23 s ends the
-    # recovery there, while the survivors go on at full pace only from 27 s
-    commits = {g: steady(0, 20) + [27 + t for t in steady(0, 33)] for g in (0, 1)}
-    commits[2] = steady(0, 20)
-    jt = job_commit_times({g: [(t, i + 1) for i, t in enumerate(times)]
-                           for g, times in commits.items()})
-    led = ledger_of(commits, 5, 60, B, 3)
-    assert back_at_pace(jt, 22.0, 60, B) - 23.0 > 3  # the ground truth is later than 23 s
-    inc = {"id": 1, "kind": "hang", "replica_group": 2, "onset_at": 20.05, "detected_at": 21.5,
-           "evicted_at": 22.0, "back_to_pace_at": 23.0, "recovery_s": 2.95,
-           "back_to_pace": "superseded", "superseded_by": 2}
-    ivs = [{"incident": 1, "start": 20.0, "end": 23.0}]
-    strikes = [{"replica_group": 2, "kind": "hang", "at": 20.0}]
-    checks = reconcile(commits, jt, led, [inc], ivs, strikes, 3)
-    back = [c for c in checks if "back at pace" in c["check"]]
-    assert len(back) == 1 and back[0]["ok"] and back[0].get("na"), back
-    assert "superseded by incident 2" in back[0]["note"]
-    assert all(c["ok"] for c in checks), checks
 
 
 def test_the_report_shows_a_superseded_recovery_as_superseded_not_as_a_recovery_time():
