@@ -960,7 +960,6 @@ def _incidents(mon, finding, since: float):
     from monitor.goodput.columns import Slots
     from monitor.goodput.incidents import Incidents
     from monitor.goodput.model import GoodputConfig
-
     from tests.support.views import scratch_view
 
     incs = Incidents(GoodputConfig(), Slots(), lambda i: None)
