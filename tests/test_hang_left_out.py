@@ -13,8 +13,9 @@ import copy
 import pytest
 
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from tests import test_monitor_detectors as detectors_test
 from tests.support.frgen import _Rank
-from tests.test_hang_first_step_loop import _acted_on, _Slot
+from tests.test_hang_first_step_loop import STARTING_S, _acted_on, _Slot
 from tests.test_monitor_detectors import T0
 
 
@@ -191,4 +192,61 @@ def test_a_hang_left_out_of_the_quorum_takes_none_of_the_others_later_stalls(tmp
     # groups 0 and 1's time since group 0's hang began (settled or not) is its stall
     assert {(r.cause, r.incident) for r in led.runs
             if r.t0 >= since and r.groups == [0, 1]} == {("stall", hung.id)}
+    enf.store.close()
+
+
+def _torch_only(slot: _Left) -> None:
+    """Group 2's ranks as torch's debug server answers for them once the Lighthouse no longer
+    lists the replica (monitor.evidence.torch_rank.torch_state): no step or quorum id."""
+    for r in slot.job.members(2):
+        slot.job.states[r].update(step=-1, quorum_id=-1, participating=False,
+                                  num_participants=0, phase="unknown",
+                                  torch_only={"store": "tcp://sim", "handlers": []})
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_torch_only_hang_left_out_stays_open_while_its_ranks_stay_blocked(moved, monkeypatch):
+    """Its ranks tell no step or quorum id: the hang stays open while the rank it found
+    blocked in the group is blocked still, since before the confirmation; one blocked anew
+    (the old collective over, a new one begun) has moved: `progress`."""
+    def kept(state: dict) -> dict:  # the poller drops a WorkerServer's `torch_only`, not torch's
+        return {**was(state), **{k: state[k] for k in ("torch_only",) if k in state}}
+
+    was = detectors_test.kept
+    monkeypatch.setattr(detectors_test, "kept", kept)
+    slot = _Left()
+    slot.stall(5)
+    slot.rejoin()
+    hung = slot.hung
+    if moved:
+        def hung() -> None:  # rank 4 left the all-gather and waits in a new collective
+            slot.job.wait(4, "group", 0.5, phase="forward")
+            slot.job.wait(5, None, phase="forward")
+    slot.hung = lambda: (hung(), _torch_only(slot))
+    slot.train(4)
+    (f,) = slot.hangs()
+    assert (f.resolved_at is None) != moved and f.resolution == ("progress" if moved else None)
+
+
+def test_a_hang_left_out_past_the_starting_timeout_is_evicted_under_stuck_starting(tmp_path):
+    """hang not in --evict-on, stuck_starting in: the open hang does not keep the group from
+    being named stuck_starting (left_out) once out of the quorum --starting-timeout, and that
+    eviction goes; one hung in the quorum is named only `hang` (test_jobwide_healing_member)."""
+    slot = _Left()
+    enf, kills, _ = _acted_on(slot, tmp_path, {"evict_kinds": ("straggler", "stuck_starting")})
+    slot.stall(5)
+    slot.rejoin()
+    slot.train(int(STARTING_S) - 2)
+    assert kills.sent == [] and not any(f.kind == "stuck_starting"
+                                        for f in slot.det.open_findings())
+    # no sweep past the kill: the reference ledger counts the recovery after a kill not yet
+    # confirmed at once, where monitor/goodput holds it
+    for _ in range(4):
+        slot.train(1)
+        if kills.sent:
+            break
+    assert kills.sent == [slot.rid[2]]
+    (kill,) = [d for d in enf.store.decisions(decision="evict") if d["replica_group"] == 2]
+    assert kill["reason"] == "stuck_starting"
+    assert [f.resolved_at for f in slot.hangs()] == [None]  # still hung: both stay open
     enf.store.close()

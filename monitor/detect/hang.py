@@ -70,18 +70,26 @@ def _inner(analysis: list[dict]) -> dict[int, dict]:
     return inner
 
 
-def _left_hung(view: ClusterView, f: Finding) -> bool:
-    """``f``'s group still where it hung, out of the newest quorum: the others going on without
-    it is no recovery of its own, and its eviction waits on the rails only. The same incarnation
-    at the step and quorum id it hung at, none of its ranks asking for a quorum or healing; one
-    gone from the view, or no rank of which answers, is Findings.resolve_gone's to close."""
+def left_hung(view: ClusterView, f: Finding, now: float) -> bool:
+    """``f``'s group answering still where it hung, out of the newest quorum: the others going
+    on without it is no recovery of its own, and its eviction waits on the rails only. The same
+    incarnation at the step and quorum id it hung at, none of its ranks asking for a quorum or
+    healing; on torch's debug server (no step or quorum id once the Lighthouse drops it), its
+    ranks the hang found blocked in the group still blocked since before it was confirmed."""
     gv = view.groups.get(f.replica_group)
-    if gv is None or not gv.reachable:
+    if gv is None or not gv.reachable or gv.replica_id != f.replica_id \
+            or view.quorum_id in gv.taking_part \
+            or any(r.state and r.state.get("phase") in ("quorum", "healing") for r in gv.reachable):
+        return False
+    ev = f.evidence
+    if (gv.step, gv.quorum_id) == (ev.get("step"), ev.get("quorum_id")):
         return True
-    return gv.replica_id == f.replica_id and view.quorum_id not in gv.taking_part \
-        and (gv.step, gv.quorum_id) == (f.evidence.get("step"), f.evidence.get("quorum_id")) \
-        and not any(r.state and r.state.get("phase") in ("quorum", "healing")
-                    for r in gv.reachable)
+    waits = ev.get("waits") or {}
+    blocked = [r for r in gv.reachable if str(r.rank) in waits]
+    return bool(blocked) and f.confirmed_at is not None and all(
+        r.state and "torch_only" in r.state
+        and collective_wait(r.state)[1] > now - f.confirmed_at
+        for r in blocked)
 
 
 class Hang:
@@ -229,8 +237,10 @@ class Hang:
         if not stalled:
             new = self._unasked(view, now, evicted=evicted)
             if not new:
-                for key in [k for k, f in findings.open.items() if k[0] == "hang"
-                            and not _left_hung(view, f)]:
+                # one gone from the view, or no rank of which answers: resolve_gone's to close
+                for key in [k for k, f in findings.open.items() if k[0] == "hang" and not (
+                        not getattr(view.groups.get(f.replica_group), "reachable", None)
+                        or left_hung(view, f, now))]:
                     findings.resolve(key, "progress", now)
             return [f for f in new if f]
         if analysis is None:  # no dumps (a torch without the Flight Recorder): the states alone

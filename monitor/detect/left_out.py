@@ -2,8 +2,8 @@
 without. A group whose step hangs past the others' process-group timeout (its first: the hang
 detector holds an untimed group to --starting-timeout, torchft drops it sooner; a later one the
 hang detector did not name: a monitor started since, or the others' timeout cut their wait
-under the hang threshold) answers and heartbeats at its old quorum id but never trains again;
-nothing else names it (a named one's hang stays open: monitor.detect.hang).
+under the hang threshold; or one it named, whose hang stays open: monitor.detect.hang) answers
+and heartbeats at its old quorum id but never trains again.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class LeftOut:
             "quorum_id": gv.quorum_id, "newest_quorum_id": newest,
             "why": "in the newest quorum but not taking part in it (participating false) "
                    "while the others commit" if joined else
-                   # a timed group hung mid-run that no open hang names
+                   # a timed group hung mid-run
                    "the others' quorums go on without it: a step that hung past their process-"
                    "group timeout (its first step, held as compiling?)" if untimed(gv) else
                    "a step that hung past the others' process-group timeout: the job went on "

@@ -11,6 +11,7 @@ from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView, RankView
 
 from .findings import Finding, Findings
+from .hang import left_hung
 from .left_out import LeftOut
 
 # past start_quorum, before the first collective: a synchronous quorum call returns with the
@@ -76,8 +77,10 @@ class StuckStarting:
                     full.ranks.get(i[0]), "replica_group", None) == key[1]]:
                 del self._starting[ident]
         # a hang names the group (its first step hung: with an asynchronous quorum its ranks
-        # have no quorum id yet): that is its name, not a second finding beside it
-        hung = findings.groups("hang")
+        # have no quorum id yet): that is its name, not a second finding beside it; but one the
+        # others went on without is left out as well (--evict-on stuck_starting evicts it)
+        hung = {k[1] for k, f in findings.open.items() if k[0] == "hang"
+                and (view is None or not left_hung(view, f, now))}
         for key in [k for k in findings.open if k[0] == "stuck_starting" and k[1] in hung]:
             findings.resolve(key, "superseded", now)
         polled = full.polled_ranks if starting_urls is None else \
