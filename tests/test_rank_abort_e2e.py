@@ -120,7 +120,6 @@ def test_abort_lets_survivors_out_of_a_collective_on_a_stopped_peer(tmp_path):
         c.stop()
 
 
-
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_a_survivor_waiting_for_its_next_quorum_is_not_aborted(tmp_path, flavour):
     """examples/torchft_two_groups.py (torchft's default asynchronous quorum, ``Manager.allreduce``
