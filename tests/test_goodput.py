@@ -865,3 +865,53 @@ def test_a_ledger_over_incremental_views_equals_one_over_views_built_afresh():
         assert inc.to_json() == ref.to_json(), sweep_no
         assert inc.snapshot() == ref.snapshot(), sweep_no
     assert ref.to_json()["job"]["goodput_seconds"] > 0
+
+
+class _WithReference:
+    """The ledger and the reference one (tests/support/goodput_reference.py) fed the same
+    sweeps: each sweep's account and the document must be the same."""
+
+    def __init__(self, led: GoodputLedger) -> None:
+        from tests.support import goodput_reference as reference
+        self.led, self.ref = led, reference.GoodputLedger(led.cfg)
+
+    def update(self, *args):
+        acct = self.led.update(*args)
+        assert acct == self.ref.update(*args)
+        return acct
+
+    def to_json(self):
+        doc = self.led.to_json()
+        assert doc == self.ref.to_json()
+        return doc
+
+
+@pytest.mark.parametrize("pace,dt", [(0.92, 1.0), (0.92, 0.3), (0.9, 0.5)])
+def test_no_recovery_is_booked_after_the_incident_is_back_at_pace(pace, dt):
+    """Survivors resume after a kill at 0.9-0.95 of the pace: ``back_to_pace_at`` is the start
+    of the first window at pace, found a window later; the slow sweeps between are at pace by
+    that window, so none of them is the kill's ``recovery``: recovery ends where its incident
+    says the job was back."""
+    job = ModelJob()
+    both = _WithReference(GoodputLedger(GoodputConfig()))
+    job.run(both, 30)
+    hang = job.t
+    job.run(both, 2, pace=0.0)
+    job.finding("hang", 2, first_seen=hang + 0.1, confirmed_at=job.t, fid=4)
+    job.evict(2, at=job.t, did=2, fid=4)
+    job.evictions[-1]["status"] = "confirmed"
+    job.run(both, 3, pace=0.0)
+    job.findings.clear()
+    job.run(both, 15, pace=pace, dt=dt)
+    led = both.led
+    [inc] = both.to_json()["incidents"]
+    back = inc["back_to_pace_at"]
+    assert inc["back_to_pace"] == "reached" and back is not None
+    recovery = [iv for iv in led.to_json(intervals=1000)["intervals"]
+                if iv["cause"] == "recovery"] + [
+        {"start": r.t0, "end": r.t1} for r in led.runs if r.cause == "recovery"]
+    assert recovery, "the stall after the kill is its recovery"
+    assert max(iv["end"] for iv in recovery) <= back + dt + 1e-6, (back, recovery)
+    assert all(iv["start"] < back - 1e-9 for iv in recovery), (back, recovery)
+    check_invariant(led)
+    check_counted(job, led)
