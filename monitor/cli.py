@@ -273,12 +273,10 @@ def warn_about_tokens(cfg: MonitorConfig) -> None:
     monitor left at it shares: its release lifts this one's."""
     if warning := token_warning(cfg.register_token, cfg.token, cfg.rank_exit_token):
         log.warning(warning)
-    out = [k for k in ("hang", "stuck_starting") if k in cfg.rails.evict_kinds]
-    if out and not cfg.rank_exit_token:
-        log.warning("--evict-on %s without --rank-exit-token: the Lighthouse's kill cannot reach "
-                    "a group out of its quorum (one stuck starting, or hung and left out by the "
-                    "others), so such an eviction ends nothing and the group's GPUs stay idle "
-                    "until its operator stops it (docs/monitor.md)", ",".join(out))
+    if "stuck_starting" in cfg.rails.evict_kinds and not cfg.rank_exit_token:
+        log.warning("--evict-on stuck_starting without --rank-exit-token: the Lighthouse's kill "
+                    "cannot reach a group out of its quorum, so such an eviction ends nothing "
+                    "(docs/monitor.md)")
     if cfg.job == MonitorConfig.job and {"slurm", "k8s", "kubernetes"} & set(
             cfg.quarantine.actions):
         log.warning("--action slurm/k8s with the default --job %s: another job's monitor left "

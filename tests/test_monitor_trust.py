@@ -210,7 +210,6 @@ def test_token_admits_any_address_and_is_required_when_set(tmp_path):
 
 
 REGISTER_TOKEN = "r3gister-only"
-EXIT = "r4nk-exit-only"  # set: no warning about evicting a group out of the quorum
 
 
 def test_register_token_admits_registrations_and_never_changes_state(tmp_path):
@@ -271,9 +270,8 @@ def test_monitor_start_warns_once_when_ranks_must_hold_the_admin_token(caplog):
     from monitor.cli import warn_about_tokens
 
     with caplog.at_level("WARNING", logger="monitor.cli"):
-        warn_about_tokens(MonitorConfig(token=TOKEN, rank_exit_token=EXIT))
-        warn_about_tokens(MonitorConfig(token=TOKEN, register_token=REGISTER_TOKEN,
-                                        rank_exit_token=EXIT))
+        warn_about_tokens(MonitorConfig(token=TOKEN))
+        warn_about_tokens(MonitorConfig(token=TOKEN, register_token=REGISTER_TOKEN))
     (record,) = caplog.records
     assert "--register-token" in record.getMessage() and "\n" not in record.getMessage()
 

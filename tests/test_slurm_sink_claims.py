@@ -124,17 +124,14 @@ def test_a_release_finding_only_another_shards_entry_says_so(slurm, monkeypatch,
 
 
 def test_a_per_job_sink_under_the_default_job_is_warned_at_start_up(caplog):
-    exit_token = "x" * 32  # not the warning asked about here (tests/test_act_kill_out_of_quorum)
     with caplog.at_level(logging.WARNING):
         for actions in ((), ("exec:true",)):
-            warn_about_tokens(MonitorConfig(rank_exit_token=exit_token,
-                                            quarantine=QuarantineConfig(actions=actions)))
-        warn_about_tokens(MonitorConfig(job="train", rank_exit_token=exit_token,
-                                        quarantine=QuarantineConfig(actions=("slurm",))))
+            warn_about_tokens(MonitorConfig(quarantine=QuarantineConfig(actions=actions)))
+        warn_about_tokens(MonitorConfig(job="train", quarantine=QuarantineConfig(
+            actions=("slurm",))))
         assert caplog.messages == []
         for a in ("slurm", "k8s"):
-            warn_about_tokens(MonitorConfig(rank_exit_token=exit_token,
-                                            quarantine=QuarantineConfig(actions=(a,))))
+            warn_about_tokens(MonitorConfig(quarantine=QuarantineConfig(actions=(a,))))
     assert caplog.messages == 2 * [
         "--action slurm/k8s with the default --job lightkeeper: another job's monitor left at "
         "it shares this one's drain or taint, and its release lifts both; name the job "
