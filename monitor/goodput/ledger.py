@@ -106,7 +106,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot, GoodputSettlement):
         self.last_at = now
         acct.expected_groups = self.expected_groups  # also where not accounted (metrics)
         self.incidents.follow(in_quorum, now, self.job)
-        self._recovered(acct)
         self.job.sample(now, self.incidents.unsettled(now, self.job.horizon))
         self._settle(now, acct)
         acct.group_goodput_ratio, acct.job_goodput_ratio = self.slots.ratios()

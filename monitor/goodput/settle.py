@@ -12,7 +12,6 @@ import numpy as np
 from .columns import key_of
 from .incidents import UNSTOPPING
 from .model import PENDING, UNSEEN, Incident, Interval, Run, SweepAccount
-from .pace import window_start
 
 
 class GoodputSettlement:
@@ -29,29 +28,7 @@ class GoodputSettlement:
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
 
     def _unsure(self, r: Run) -> bool:
-        """Recovery after a kill not yet confirmed, or in the job's newest window while its
-        incident is not back at pace: the window at pace found later may begin before it."""
-        if r.cause != "recovery":
-            return False
-        inc, h = self.incidents.get(r.incident), self.job.history
-        return r.eviction_id in self.unsure_kills or (
-            inc is not None and inc.back_to_pace_at is None and bool(h)
-            and r.t0 >= window_start(h, self.job.window, h[-1][0])[0] - 1e-9)
-
-    def _recovered(self, acct: SweepAccount) -> None:
-        """Recovery held from its incident's back_to_pace_at on was time the job was at pace
-        (a window at pace): goodput, as every sweep at pace is, not recovery."""
-        keep = []
-        for r in self.runs:
-            inc = self.incidents.get(r.incident)
-            if r.cause == "recovery" and not r.counted and inc is not None \
-                    and inc.back_to_pace_at is not None and inc.superseded_by is None \
-                    and inc.settled_pace is None and r.t0 >= inc.back_to_pace_at - 1e-9:
-                self.slots.add_good(r.slots, np.asarray(r.seconds), 0.0)
-                acct.goodput = sum(r.seconds, acct.goodput)
-            else:
-                keep.append(r)
-        self.runs = keep
+        return r.cause == "recovery" and r.eviction_id in self.unsure_kills
 
     def _run(self, t0: float, t1: float, slots: np.ndarray, seconds: list[float], cause: str,
              **kw: Any) -> Run:

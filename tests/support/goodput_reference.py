@@ -27,9 +27,7 @@ commit, a fault confirmed meanwhile claiming it back to its onset (``_provisiona
 ``_pending_to_stall``), and a crash (``dead``) explains the stall until the job commits again
 (``_account``, ``committed_at``). And: an incident of a group that answers out of the newest
 quorum (``left``) explains no stall or drag of the others, nor cuts their pace window
-(``_explaining``, ``_account``, ``_end_recoveries``). And: recovery in the job's newest window waits,
-uncounted, for back at pace, and from its ``back_to_pace_at`` on is goodput
-(``_held_recovery``, ``_recovered``)."""
+(``_explaining``, ``_account``, ``_end_recoveries``)."""
 
 from __future__ import annotations
 
@@ -261,7 +259,6 @@ class GoodputLedger:
         self.last_at = now
         acct.expected_groups = self.expected_groups
         self._follow_incidents(in_quorum, now)
-        self._recovered(acct)
         self._sample_baseline(now)
         self._settle(now, acct)
         self._publish_ratios(acct)
@@ -837,34 +834,9 @@ class GoodputLedger:
         self.unsettled.append(s)
         # counted now unless its cause may still change (pending; idle straggler drag): those
         # count once settled, under their final cause
-        if cause != PENDING and not self._provisional(s) and not self._held_recovery(s):
+        if cause != PENDING and not self._provisional(s):
             acct.badput[cause] += seconds
             s.counted = True
-
-    def _held_recovery(self, s: Slice) -> bool:
-        """Recovery in the job's newest window while its incident is not back at pace."""
-        inc = self.incidents.get(s.incident) if s.incident is not None else None
-        h = self.job_history
-        if s.cause != "recovery" or inc is None or inc.back_to_pace_at is not None or not h:
-            return False
-        start = h[0]
-        for t, step in h:
-            if t <= h[-1][0] - self.window:
-                start = (t, step)
-        return s.t0 >= start[0] - 1e-9
-
-    def _recovered(self, acct: SweepAccount) -> None:
-        """Held recovery from its incident's back_to_pace_at on (reached) becomes goodput."""
-        keep = []
-        for s in self.unsettled:
-            inc = self.incidents.get(s.incident) if s.incident is not None else None
-            if s.cause == "recovery" and not s.counted and inc is not None \
-                    and inc.back_to_pace_at is not None and inc.superseded_by is None \
-                    and inc.settled_pace is None and s.t0 >= inc.back_to_pace_at - 1e-9:
-                self._add(s.replica_group, s.seconds, 0.0, acct)
-            else:
-                keep.append(s)
-        self.unsettled = keep
 
     # --- after the split -------------------------------------------------------------
     def _follow_incidents(self, in_quorum: set[int], now: float) -> None:
@@ -983,8 +955,7 @@ class GoodputLedger:
         blocked: set[str] = set()  # groups with an earlier slice still open to change
         for s in self.unsettled:
             key = self._key(s.replica_group)
-            sure = s.cause != PENDING and not self._provisional(s) \
-                and not self._held_recovery(s) and (
+            sure = s.cause != PENDING and not self._provisional(s) and (
                 s.incident is not None or s.cause == "startup" or s.replica_group is None)
             if sure and not s.counted:  # its cause is final: counted now, settled in order
                 acct.badput[s.cause] += s.seconds
