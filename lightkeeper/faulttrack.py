@@ -18,9 +18,11 @@ restarts) and the track moves through its stages, each with a deadline:
 3. **eviction**: the monitor's ``evict`` decision for that finding (or group). A ``dry_run``
    hold ends the story there; other holds (cooldown, min_replicas) are waited out until
    ``evict_s``. A group whose process died and was restarted without an eviction skips it.
-4. **rejoin**: every rank of a restarted incarnation takes part in a quorum of all groups, close
-   to the job's step. Deadline: ``rejoin_s`` after the eviction. A network fault's group
-   restarted on its own host (the fault still there) does not end ``recovered``.
+4. **rejoin**: every rank of a restarted incarnation takes part in a quorum of all groups, or in
+   the newest quorum with every group in it (another group out, hung or evicted, does not
+   hold it back), close to the job's step. Deadline: ``rejoin_s`` after the eviction. A
+   network fault's group restarted on its own host (the fault still there) does not end
+   ``recovered``.
 
 A stage whose deadline passes ends the story of that fault with an ``outcome`` and a ``note``
 that names the deadline; the track never waits forever, so the demo always ends. ``record`` is
@@ -392,13 +394,14 @@ class FaultTrack:
             r["outcome"] = "recovered"
             self.stage, self.ended_s = "done", obs.t
             events.append(("rejoined", f"group {self.group} back in the quorum "
-                                       f"({obs.groups} participants) at step "
+                                       f"({obs.states[self.group][0]['num_participants']} "
+                                       f"participants) at step "
                                        f"{obs.group_step(self.group)}"))
             self._on_its_host(obs, gone_at, events)
         elif obs.t >= self.deadline_s:
             self._end("evicted, did not rejoin in time" if r["evicted_at_s"] is not None
                       else "did not rejoin in time",
-                      f"group {self.group} not back in a quorum of {obs.groups} within "
+                      f"group {self.group} not back in the job's quorum within "
                       f"{self.dl.rejoin_s:g}s (deadline {self.deadline_s:.1f}s)", events)
 
     def _on_its_host(self, obs: Observation, gone_at: float, events: list) -> None:
@@ -434,10 +437,19 @@ class FaultTrack:
         return min(late) if late else None
 
     def _rejoined(self, obs: Observation, since_unix: float) -> bool:
+        """Stage 4's test; "every group in it": the groups whose ranks report the newest
+        quorum are as many as its participants (a hung group's ranks report an older one)."""
         st = obs.states.get(self.group) or []
+        q = {s.get("quorum_id") for s in st}
+        newest = max((s.get("quorum_id") or -1 for ss in obs.states.values() for s in ss),
+                     default=-1)
+        members = len([g for g, ss in obs.states.items()
+                       if any(s.get("quorum_id") == newest for s in ss)])
         return (len(st) == obs.ranks_per_group
-                and all(s["participating"] and s["num_participants"] == obs.groups
-                        and s["started_at"] > since_unix and s["step"] >= obs.job_step() - 3
+                and all(s["participating"] and s["started_at"] > since_unix
+                        and s["step"] >= obs.job_step() - 3
+                        and (s["num_participants"] == obs.groups
+                             or q == {newest} and 1 < s["num_participants"] == members)
                         for s in st))
 
     def _next(self, stage: str, start_s: float, allowed_s: float) -> None:

@@ -22,7 +22,7 @@ seen):
 | ``back_at_pace`` | the first commit after the kill from which the job commits at >= 90% of its healthy rate up to its first commit ``PACE_WINDOW_S`` or more later (the ranks' commit times); ``back_at_pace_ledger`` is the monitor's ledger's ``back_to_pace_at`` for the same incident |
 | ``restarted`` | the supervisor started the group again (warm spare or cold) |
 | ``joined`` | a rank of the new incarnation first takes part in a quorum |
-| ``healed`` | every rank of it in a quorum of all groups, within 3 steps of the job (``rejoined_at_s``) |
+| ``healed`` | every rank of it back in the job's quorum, within 3 steps of the job (``rejoined_at_s``) |
 
 ``join_dip`` says whether the restarted group's arrival stalled the others again: the job's
 longest time without a commit from 1 s before the join to 5 s after it (``stall_s``) and its

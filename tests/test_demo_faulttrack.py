@@ -84,6 +84,26 @@ def test_the_whole_story_with_the_times_the_parts_report():
     assert events[-1][0] == "rejoined"
 
 
+def test_a_group_back_in_the_jobs_quorum_while_another_is_out_has_rejoined():
+    """Group 2 hung (held, not evicted): its ranks still report the old quorum of 3. Group 1,
+    evicted and restarted, trains with group 0 in the newest quorum, of 2: it has rejoined."""
+    tr = track()
+    tr.update(obs(25.5, strikes=[STRIKE]))
+    tr.update(obs(30.0, strikes=[STRIKE], findings=[FINDING], evictions=[EVICT]))
+
+    def rank(g, r, step, started_s, quorum, n):
+        return {**rank_state(g, r, step, T0 + started_s, n), "quorum_id": quorum}
+
+    states = {0: [rank(0, 0, 47, 0, 3, 2), rank(0, 1, 47, 0, 3, 2)],
+              1: [rank(1, 0, 47, 31, 3, 2), rank(1, 1, 47, 31, 3, 2)],
+              2: [rank(2, 0, 46, 0, 2, 3), rank(2, 1, 46, 0, 2, 3)]}
+    tr.update(obs(38.0, states=states, incarnation={0: 0, 1: 1, 2: 0}, strikes=[STRIKE],
+                  findings=[FINDING], evictions=[EVICT], restarts=[(1, 30.5)],
+                  samples=survivor_samples()))
+    assert tr.done and tr.record["outcome"] == "recovered"
+    assert tr.record["rejoined_at_s"] == 38.0
+
+
 def test_culprits_are_taken_from_the_finding():
     tr = track()
     finding = dict(FINDING, evidence={"culprit_ranks": [3], "culprit_hosts": ["node-a"]})
