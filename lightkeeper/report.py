@@ -67,10 +67,23 @@ def healthy_rate(ph: list[dict]) -> float | None:
     return ph[0]["step_rate"] if ph and ph[0]["vs_healthy"] is not None else None
 
 
+def _out(t: float, faults: list[dict], groups: int, lighthouse) -> set[int]:
+    """Groups out of the job at ``t``: evicted and not back, or left out of the Lighthouse's
+    newest quorum by then (a hung group nobody evicted; its replica ids name their group)."""
+    out = {f["replica_group"] for f in faults if f["evicted_at_s"] is not None
+           and f["evicted_at_s"] <= t and (f["rejoined_at_s"] is None or f["rejoined_at_s"] > t)}
+    seen = [e for e in lighthouse if e["t"] <= t and e.get("members")]
+    if seen:
+        ids = {m.split(":")[0].removeprefix("replica_group_") for m in seen[-1]["members"]}
+        out |= {g for g in range(groups) if str(g) not in ids}
+    return out
+
+
 def phases(train_start: float | None, end: float, faults: list[dict], groups: int,
-           ticks) -> list[dict]:
+           ticks, lighthouse=()) -> list[dict]:
     """Consecutive phases between the scenario's events, with the job's committed step rate;
-    ``vs_healthy`` against the first phase unless :func:`no_baseline` says there is none."""
+    ``vs_healthy`` against the first phase unless :func:`no_baseline` says there is none.
+    ``lighthouse``: the demo's log of the Lighthouse's quorums, which says who else is out."""
     if train_start is None:
         return []
     marks: list[tuple[float, str]] = [(train_start, "healthy")]
@@ -79,9 +92,13 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
         if f["struck_at_s"] is not None:
             marks.append((max(train_start, f["struck_at_s"]), f"{fault_kind(f)} in {where(f)}"))
         if f["evicted_at_s"] is not None:
-            marks.append((f["evicted_at_s"], f"group {g} evicted ({groups - 1} groups)"))
+            n = groups - len(_out(f["evicted_at_s"], faults, groups, lighthouse) | {g})
+            marks.append((f["evicted_at_s"], f"group {g} evicted ({n} groups)"))
         if f["rejoined_at_s"] is not None:
-            marks.append((f["rejoined_at_s"], f"healthy (group {g} rejoined)"))
+            out = sorted(_out(f["rejoined_at_s"], faults, groups, lighthouse) - {g})
+            marks.append((f["rejoined_at_s"], f"healthy (group {g} rejoined)" if not out else
+                          f"group {g} rejoined, group{'s' * (len(out) > 1)} "
+                          f"{', '.join(map(str, out))} out ({groups - len(out)} groups)"))
     marks.sort()
     out = []
     for i, (start, name) in enumerate(marks):
@@ -234,7 +251,8 @@ def build_report(demo) -> dict[str, Any]:
     # what is measured ends with the last look at the ranks, not after stopping them
     end = demo.ticks[-1][0] if demo.ticks else now
     faults = [dict(f) for f in demo.faults]
-    ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks)
+    ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks,
+                demo.lighthouse_log)
     healthy = healthy_rate(ph)
     for f, w in zip(faults, recovery.fault_windows(faults, end), strict=True):
         start = f["struck_at_s"]

@@ -32,6 +32,22 @@ def test_the_last_phase_is_paced_up_to_the_last_look_not_to_the_stop():
     assert [p["vs_healthy"] for p in got] == [1.0, 1.0, 1.0]
 
 
+def test_a_rejoin_while_another_group_is_out_of_the_quorum_is_not_called_healthy():
+    """Group 1 evicted and back; group 2 hung meanwhile, held, never evicted: the Lighthouse's
+    quorum left it out. After group 1's rejoin the job trains on 2 groups, group 2 out."""
+    hang = {"replica_group": 2, "spec": "hang:at_step=46", "group_rank": 1,
+            "struck_at_s": 31.7, "evicted_at_s": None, "rejoined_at_s": None}
+    slow = {**FAULT, "struck_at_s": 26.7, "evicted_at_s": 31.9, "rejoined_at_s": 37.9}
+    members = [["replica_group_0:a", "replica_group_1:b", "replica_group_2:c"],
+               ["replica_group_0:a", "replica_group_1:d"]]
+    lighthouse = [{"t": 15.3, "quorum_id": 2, "members": members[0]},
+                  {"t": 37.4, "quorum_id": 3, "members": members[1]}]
+    got = phases(16.3, 91.3, [slow, hang], 3, steady(16.0, 91.5), lighthouse=lighthouse)
+    assert [(p["name"], p["start_s"], p["end_s"]) for p in got][-2:] == [
+        ("group 1 evicted (2 groups)", 31.9, 37.9),
+        ("group 1 rejoined, group 2 out (2 groups)", 37.9, 91.3)]
+
+
 def test_a_phase_is_paced_between_the_looks_that_saw_its_ends():
     """A phase from 20.2 s to 30.4 s is read at the looks of 20.0 s and 30.0 s: its steps over
     those 10 s, not over the phase's own 10.2 s."""
