@@ -104,7 +104,7 @@ def summary_markdown(rep: dict) -> str:
             else _fmt(f["steps_lost"], "")
 
     lines = ["| # | fault | where (global rank, host) | armed | struck | caught as | culprit "
-             "| detected | evicted | survivors committing | back at pace | rejoined | steps lost "
+             "| detected | evicted | survivors committing | back at pace | rejoined | steps behind pace "
              "| outcome |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, f in enumerate(rep["faults"], 1):
@@ -196,7 +196,7 @@ def cost_markdown(rep: dict) -> str:
             else "")
         if c:
             causes = ", ".join(f"{k} {v:.1f}" for k, v in (c.get("by_cause") or {}).items() if v)
-            cost_s = (f"{c['replica_seconds']:.1f} replica-s, {c['job_steps']} job steps"
+            cost_s = (f"{c['replica_seconds']:.1f} replica-s, {c['job_steps']} job steps of capacity"
                       + (f" ({causes})" if causes else ""))
         else:
             cost_s = "— (no ledger incident)"
@@ -205,7 +205,7 @@ def cost_markdown(rep: dict) -> str:
             if not a:
                 return "—"
             steps = ("job steps: no healthy baseline" if a["job_steps"] is None
-                     else f"{a['job_steps']} job steps")
+                     else f"{a['job_steps']} job steps of capacity")
             return (f"{a['outcome']}; {a['replica_seconds']:.1f} replica-s, "
                     f"{steps} to the end of this run, then "
                     f"{a['per_hour_after_replica_s'] / 3600:.2f} replica-s per second")
@@ -215,7 +215,7 @@ def cost_markdown(rep: dict) -> str:
 
 
 def _healthy_line(rate: float | None, no_baseline: str | None = None) -> str:
-    if no_baseline:  # nothing measured against it: vs healthy, steps lost, back at pace
+    if no_baseline:  # nothing measured against it: vs healthy, steps behind pace, back at pace
         return f"Healthy step rate: none, {no_baseline}."
     if rate is None:  # e.g. a --steps run whose groups ended within 1 s of all stepping
         return "Healthy step rate: not measured (every group was seen stepping for under 1 s)."

@@ -115,3 +115,21 @@ def test_final_steps_takes_a_groups_furthest_rank_at_its_last_look():
                {"replica_group": 0, "tick": 10.0, "t": 10.002, "step": 99},
                {"replica_group": 1, "t": 10.0, "step": 98}]  # an older timeline: no tick
     assert final_steps(samples) == {"0": 100, "1": 98}
+
+
+def test_the_steps_short_of_pace_and_the_costs_job_steps_say_what_they_count():
+    """A hung group held out (run3): the job stepped at pace on 2 groups, 0 steps behind, while
+    the ledger's cost counts the capacity lost, in job steps' worth. One word, two things: no."""
+    from lightkeeper.report_text import cost_markdown, summary_markdown
+
+    f = {"replica_group": 2, "group_rank": 1, "spec": "hang:at_step=46", "given": "start",
+         "injected_at_s": 16.3, "struck_at_s": 31.7, "detected_kind": "hang",
+         "detected_at_s": 33.4, "evicted_at_s": None, "survivors_committing_at_s": None,
+         "rejoined_at_s": None, "restarted_at_s": None, "steps_lost": 0,
+         "outcome": "detected, not evicted",
+         "stages": {}, "recovery_s": 6.1,
+         "cost": {"replica_seconds": 63.8, "job_steps": 88.0, "by_cause": {"stall": 9.0}}}
+    text = summary_markdown({"faults": [f], "phases": []}) + cost_markdown({"faults": [f]})
+    assert "steps lost" not in text
+    assert "| steps behind pace |" in text and "| 0 | detected, not evicted |" in text
+    assert "63.8 replica-s, 88.0 job steps of capacity (stall 9.0)" in text
