@@ -232,8 +232,10 @@ class Detectors:
         for key, (episode, was) in list(self.restarted.items()):
             kind, g, _ = key
             gv = full.groups.get(g)
-            step = gv.step if gv else None if g is not None else min(
-                (q.step for q in full.in_quorum() if q.step is not None), default=None)
+            if g is None:
+                step = min((q.step for q in full.in_quorum() if q.step is not None), default=None)
+            else:
+                step = gv.step if gv else None
             if step is None:
                 continue
             if was is None or step < was:

@@ -238,9 +238,9 @@ class Hang:
             new = self._unasked(view, now, evicted=evicted)
             if not new:
                 # one gone from the view, or no rank of which answers: resolve_gone's to close
-                for key in [k for k, f in findings.open.items() if k[0] == "hang" and not (
-                        not getattr(view.groups.get(f.replica_group), "reachable", None)
-                        or left_hung(view, f, now))]:
+                for key in [k for k, f in findings.open.items() if k[0] == "hang"
+                            and getattr(view.groups.get(f.replica_group), "reachable", None)
+                            and not left_hung(view, f, now)]:
                     findings.resolve(key, "progress", now)
             return [f for f in new if f]
         if analysis is None:  # no dumps (a torch without the Flight Recorder): the states alone
