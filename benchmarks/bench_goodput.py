@@ -32,7 +32,8 @@ Ground truth, read from the ranks themselves, none of it from the ledger
 - committed steps: every ``step=N ... committed=True`` line each rank logs (its own clock,
   millisecond resolution), per group, every incarnation;
 - fault onsets: the target rank's ``/v1/state`` ``faults_struck_at`` (polled at 2 Hz);
-- the healthy baseline: the median time between a group's commits before the first injection.
+- the healthy baseline: the mean step (time elapsed / steps committed) before the first
+  injection, from 2 s after the measured run began (after the warm spares' import).
 
 Figures per run: committed samples per wall-second (group-steps x ranks per group x batch),
 goodput by the ledger's definitions applied to the ground truth (:func:`goodput_from_commits`),
@@ -351,7 +352,7 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
     wall = t1 - t0
     group_steps = sum(commits_in(times, t0, t1) for times in commits.values())
     # the healthy pace: the ranks' commits before the first injection (the schedule's time
-    # where none was made)
+    # where none was made); t0 comes after every warm spare said it was ready (start())
     first = min((e["at"] for e in raw["events"] if e["event"] == "inject"),
                 default=t0 + min(args.slow_at, args.duration))
     b = healthy_step_s(commits, t0 + 2.0, first)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import math
 import re
-import statistics
 import time
 
 PACE_THRESHOLD = 0.9  # "at healthy pace", as the ledger (monitor/goodput/)
@@ -54,13 +53,17 @@ def parse_commit_log(text: str) -> list[tuple[float, int]]:
 
 
 def healthy_step_s(commits: dict[int, list[float]], t0: float, t1: float) -> float | None:
-    """The healthy baseline: the median time between a group's consecutive commits, both in
-    ``[t0, t1]``, over every group (None with fewer than 5 such gaps)."""
-    gaps = []
+    """The healthy baseline by the ledger's definition (docs/goodput.md, healthy baseline): a
+    window's mean step, the time elapsed over the steps committed, each group's first to last
+    commit in ``[t0, t1]``, summed over the groups (None with fewer than 5 steps). Not the
+    median gap between commits: steps are uneven (one waits on a peer, the next is short), so
+    the median differs from the mean the ledger samples by that skew alone."""
+    elapsed, steps = 0.0, 0
     for times in commits.values():
-        inside = [t for t in times if t0 <= t <= t1]
-        gaps += [b - a for a, b in zip(inside, inside[1:], strict=False) if b > a]
-    return statistics.median(gaps) if len(gaps) >= 5 else None
+        inside = sorted(t for t in times if t0 <= t <= t1)
+        if len(inside) >= 2:
+            elapsed, steps = elapsed + inside[-1] - inside[0], steps + len(inside) - 1
+    return elapsed / steps if steps >= 5 else None
 
 
 def pace_window(b: float) -> float:

@@ -79,7 +79,19 @@ def test_bad_window_or_baseline_is_a_clear_error():
         goodput_from_commits({0: [1.0]}, 5, 5, B, 1)
     with pytest.raises(ValueError, match="baseline"):
         goodput_from_commits({0: [1.0]}, 0, 5, 0.0, 1)
-    assert healthy_step_s({0: [1.0, 2.0]}, 0, 5) is None  # too few gaps for a median
+    assert healthy_step_s({0: [1.0, 2.0]}, 0, 5) is None  # too few steps for a mean
+
+
+def test_healthy_step_is_the_mean_step_the_ledger_samples_not_the_median_gap():
+    # uneven steps (one waits on a peer, the next two are short): 0.2, 0.2, 0.5 s repeating
+    times = [0.0]
+    for i in range(30):
+        times.append(times[-1] + (0.5 if i % 3 == 2 else 0.2))
+    commits = {g: [t + 0.01 * g for t in times] for g in range(3)}
+    assert healthy_step_s(commits, 0, times[-1] + 1) == pytest.approx(0.3)
+    # only the commits inside the span count: the first 3 steps (0.9 s)
+    assert healthy_step_s({0: times}, 0, 0.95) is None
+    assert healthy_step_s({0: times, 1: times}, 0, 0.95) == pytest.approx(0.3)
 
 
 def test_badput_falls_in_the_window_of_the_fault_that_preceded_it():
