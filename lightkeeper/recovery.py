@@ -19,7 +19,7 @@ seen):
 | ``lighthouse_dropped`` | the first Lighthouse ``/status`` read after the kill in which the killed replica no longer heartbeats (stale or gone), or the Lighthouse issued a quorum without it |
 | ``survivors_quorum`` | the first quorum the Lighthouse issued without the killed replica (its ``/status``; else a survivor rank's ``quorum_id`` moved) |
 | ``survivors_committing`` | the survivors' first commit after the kill (their ``last_step_at``) |
-| ``back_at_pace`` | the first commit after the kill from which the job commits at >= 90% of its healthy rate up to its first commit ``PACE_WINDOW_S`` or more later (the ranks' commit times); ``back_at_pace_ledger`` is the monitor's ledger's ``back_to_pace_at`` for the same incident |
+| ``back_at_pace`` | the first commit after the kill from which the job commits at >= 90% of its healthy rate up to its first commit ``PACE_WINDOW_S`` or more later (the ranks' commit times), that later commit by the next fault's onset (:func:`next_fault`; else the end): the job's pace past it may be that fault's; ``back_at_pace_ledger`` is the monitor's ledger's ``back_to_pace_at`` for the same incident |
 | ``restarted`` | the supervisor started the group again (warm spare or cold) |
 | ``joined`` | a rank of the new incarnation first takes part in a quorum |
 | ``healed`` | every rank of it back in the job's quorum, within 3 steps of the job (``rejoined_at_s``) |
@@ -124,8 +124,9 @@ def evicted_replica(fault: dict, evictions: list[dict]) -> str | None:
 
 
 def stages(fault: dict, samples: list[dict], lighthouse: list[dict], evictions: list[dict],
-           rate: float | None, end: float) -> dict[str, Any]:
-    """The recovery of one fault, stage by stage (module docstring); times in demo seconds."""
+           rate: float | None, end: float, until: float | None = None) -> dict[str, Any]:
+    """The recovery of one fault, stage by stage (module docstring); times in demo seconds.
+    ``until``: the next fault's onset, where the search for back at pace stops."""
     g = fault["replica_group"]
     kill = fault.get("evicted_at_s")
     rid = evicted_replica(fault, evictions)
@@ -167,7 +168,8 @@ def stages(fault: dict, samples: list[dict], lighthouse: list[dict], evictions: 
                      and (s.get("quorum_id") or -1) > q]
             out["survivors_quorum"] = min(later) if later else None
     not_before = out["survivors_committing"] if out["survivors_committing"] is not None else kill
-    out["back_at_pace"] = back_at_pace(series, not_before, rate, end)
+    out["back_at_pace"] = back_at_pace(series, not_before, rate,
+                                       end if until is None else min(end, until))
     # the restarted group
     joined = [s["t"] for s in samples if s["replica_group"] == g and s["t"] > kill
               and s.get("participating") and s.get("replica_id") not in (None, rid)]
@@ -213,6 +215,15 @@ def fault_start(f: dict) -> float | None:
     if f.get("struck_at_s") is not None:
         return f["struck_at_s"]
     return f.get("injected_at_s") if f.get("detected_at_s") is not None else None
+
+
+def next_fault(faults: list[dict], k: int) -> int | None:
+    """The index of the fault that began next after fault ``k`` (of any group: the job's pace
+    is the whole job's), None: none did (or ``k`` never acted)."""
+    starts = [fault_start(f) for f in faults]
+    later = [(s, j) for j, s in enumerate(starts)
+             if starts[k] is not None and s is not None and s > starts[k]]
+    return min(later)[1] if later else None
 
 
 def fault_windows(faults: list[dict], end: float) -> list[tuple[float, float] | None]:
@@ -289,9 +300,12 @@ def job_wide_owners(faults: list[dict], goodput: dict | None, t0_unix: float,
 
 
 def measured_cost(inc: dict | None, t0_unix: float, groups: int,
-                  job_wide: list[dict] = ()) -> dict | None:
+                  job_wide: list[dict] = (), ledger_at: float | None = None) -> dict | None:
     """A fault's cost as the monitor's ledger measured it: its incident's, and the job-wide
-    incidents it caused (:func:`job_wide_owners`)."""
+    incidents it caused (:func:`job_wide_owners`). ``not_back_by_s``: where the ledger never
+    saw the job back at pace (nor settled) for it, the time its cost runs to, every slow second
+    until then in it whatever slowed the job: a ``superseded`` one's end, else ``ledger_at``
+    (the ledger's last read)."""
     if inc is None:
         return None
     cost = dict(inc.get("cost") or {})
@@ -322,7 +336,10 @@ def measured_cost(inc: dict | None, t0_unix: float, groups: int,
             # "superseded": another fault was confirmed first, back_to_pace_s is its detection,
             # so recovery_s is no onset -> back at pace
             "back_to_pace": inc.get("back_to_pace"), "superseded_by": inc.get("superseded_by"),
-            "recovery_s": inc.get("recovery_s"), "detect_s": inc.get("detect_s")}
+            "recovery_s": inc.get("recovery_s"), "detect_s": inc.get("detect_s"),
+            "not_back_by_s": None if inc.get("back_to_pace") in ("reached", "settled")
+            else rel(inc.get("back_to_pace_at")) if inc.get("back_to_pace") == "superseded"
+            else rel(ledger_at)}
 
 
 # --- torchft alone ----------------------------------------------------------------------------

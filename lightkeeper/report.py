@@ -194,13 +194,16 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
     windows = recovery.fault_windows(faults, end)
     detected = [recovery.detected_incident(f, goodput, t0_unix) for f in faults]
     for k, f in enumerate(faults):
-        st = recovery.stages(f, samples, lighthouse, evictions, healthy, end)
+        nxt = recovery.next_fault(faults, k)
+        st = recovery.stages(f, samples, lighthouse, evictions, healthy, end,
+                             until=None if nxt is None else recovery.fault_start(faults[nxt]))
         # an incident another fault's detection matched is not this one's too
         taken = {i.get("id") for j, i in enumerate(detected) if i is not None and j != k}
         inc = recovery.ledger_incident(f, goodput, t0_unix,
                                        until=None if windows[k] is None else windows[k][1],
                                        taken=taken)
-        cost = recovery.measured_cost(inc, t0_unix, groups, job_wide.get(k, []))
+        cost = recovery.measured_cost(inc, t0_unix, groups, job_wide.get(k, []),
+                                      ledger_at=(goodput or {}).get("at") or t0_unix + end)
         # a recovery another fault's confirmation cut short: its end is that detection, not
         # the job back at pace
         superseded = bool(cost) and cost.get("back_to_pace") == "superseded"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .recovery import fault_start, next_fault
+
 
 def fault_kind(f: dict) -> str:
     return (f["spec"] or "?").split(":", 1)[0]
@@ -67,6 +69,8 @@ def story_lines(rep: dict) -> list[str]:
         back = _back_at(f)
         if back is not None:
             steps.append(f"back at pace at {back:.1f}s")
+        elif _not_back(rep["faults"], i - 1):
+            steps.append(_not_back(rep["faults"], i - 1))
         out.append(f"fault {i} ({fault_kind(f)}): " + (" -> ".join(steps) or "no step seen")
                    + f"; {f['outcome']}")
     hs = rep.get("hosts") or {}
@@ -119,7 +123,7 @@ def summary_markdown(rep: dict) -> str:
                      f"| {caught} | {_culprit(f) if f['detected_kind'] else '—'} "
                      f"| {_fmt(f['detected_at_s'])} | {_fmt(f['evicted_at_s'])} "
                      f"| {_fmt(f['survivors_committing_at_s'])} "
-                     f"| {_fmt(_back_at(f))} | {_fmt(f['rejoined_at_s'])} "
+                     f"| {_back_cell(rep['faults'], i - 1)} | {_fmt(f['rejoined_at_s'])} "
                      f"| {lost(f)} | {f['outcome']} |")
     if not rep["faults"]:
         lines.append("| – | (no faults) | | | | | | | | | | | | |")
@@ -147,6 +151,24 @@ def _back_at(f: dict) -> float | None:
     st = f.get("stages") or {}
     return st.get("back_at_pace_ledger") if st.get("back_at_pace_ledger") is not None \
         else st.get("back_at_pace")
+
+
+def _not_back(faults: list[dict], k: int) -> str | None:
+    """Fault ``k`` evicted and neither measure saw the job back at pace (nor settled) before the
+    next fault's onset or the end; None otherwise."""
+    f = faults[k]
+    if _back_at(f) is not None or (f.get("stages") or {}).get("kill_sent") is None \
+            or f.get("settled_pace") is not None:
+        return None
+    nxt = next_fault(faults, k)
+    return "not back at pace by the end" if nxt is None else \
+        f"not back at pace before fault {nxt + 1} ({fault_start(faults[nxt]):.1f}s)"
+
+
+def _back_cell(faults: list[dict], k: int) -> str:
+    nxt = next_fault(faults, k)
+    return f"not before #{nxt + 1}" if _not_back(faults, k) and nxt is not None \
+        else _fmt(_back_at(faults[k]))
 
 
 def _plus(v, onset) -> str:
@@ -198,6 +220,9 @@ def cost_markdown(rep: dict) -> str:
             causes = ", ".join(f"{k} {v:.1f}" for k, v in (c.get("by_cause") or {}).items() if v)
             cost_s = (f"{c['replica_seconds']:.1f} replica-s, {c['job_steps']} job steps of capacity"
                       + (f" ({causes})" if causes else ""))
+            if c.get("not_back_by_s") is not None:  # the ledger cannot tell whose slowness
+                cost_s += (f"; not back at pace by {c['not_back_by_s']:.1f}s: includes every "
+                           "slow second until then")
         else:
             cost_s = "— (no ledger incident)"
 

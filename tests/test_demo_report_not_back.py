@@ -1,0 +1,114 @@
+"""A fault the job was not back at pace from before the next fault struck: its back at pace is
+not the next fault's recovery (the ranks' search stops at the next onset, as the bench's truth
+does), and its measured cost, which then holds every slow second until the ledger stopped
+counting it, says so. Plain data in the demo's shapes, no processes."""
+
+from __future__ import annotations
+
+from lightkeeper import recovery
+from lightkeeper.report import recoveries
+from lightkeeper.report_text import cost_markdown, story_lines, summary_markdown
+from tests.test_demo_recovery import T0, sample
+
+RATE = 5.0  # healthy steps/s
+
+
+def two_faults_run():
+    """5 steps/s until a straggler in group 1 at 10 s (1 step/s); group 1 evicted at 11.5 s;
+    from 12 s the job runs at 0.78x (the machine's load, not the fault) until a hang in group 2
+    at 30 s; group 2 evicted at 31.5 s; from 32 s the job is back at full pace to 45 s."""
+    out, step, t = [], 0, 0.0
+
+    def run(until, dt):
+        nonlocal step, t
+        while t + dt <= until + 1e-9:
+            t = round(t + dt, 3)
+            step += 1
+            for g in range(3):
+                out.append(sample(t, g, step, t))
+
+    run(10.0, 1 / RATE)
+    run(11.5, 1.0)
+    t = 12.0
+    run(30.0, 1 / (0.78 * RATE))
+    t = 32.0
+    run(45.0, 1 / RATE)
+    return out
+
+
+# what the demo's fault record carries besides (lightkeeper.faulttrack)
+RECORD = {"given": "live", "steps_lost": 0, "outcome": "recovered", "note": None}
+STRAGGLER = {**RECORD, "detected_kind": "straggler", "injected_at_s": 9.0,
+             "replica_group": 1, "spec": "slow_compute:delay=0.6", "struck_at_s": 10.0,
+             "detected_at_s": 11.4, "evicted_at_s": 11.5, "survivors_committing_at_s": 12.0,
+             "restarted_at_s": 12.0, "rejoined_at_s": 14.0}
+HANG = {**RECORD, "detected_kind": "hang", "injected_at_s": 29.0,
+        "replica_group": 2, "spec": "hang:at_step=150", "struck_at_s": 30.0,
+        "detected_at_s": 31.4, "evicted_at_s": 31.5, "survivors_committing_at_s": 32.0,
+        "restarted_at_s": 32.0, "rejoined_at_s": 34.0}
+EVICTIONS = [{"replica_group": 1, "decision": "evict", "replica_id": "replica_group_1:x",
+              "at_s": 11.5},
+             {"replica_group": 2, "decision": "evict", "replica_id": "replica_group_2:x",
+              "at_s": 31.5}]
+
+
+def incident(id_, group, kind, onset, detected, back_at, status, **kw):
+    return {"id": id_, "kind": kind, "replica_group": group, "onset_at": T0 + onset,
+            "detected_at": T0 + detected, "evicted_at": T0 + detected + 0.1,
+            "back_to_pace_at": None if back_at is None else T0 + back_at,
+            "back_to_pace": status, "recovery_s": None if back_at is None else back_at - onset,
+            "detect_s": detected - onset, "open": False,
+            "cost": {"replica_seconds": 30.0, "group_steps": 150.0,
+                     "by_cause": {"straggler_drag": 5.0, "recovery": 25.0}}, **kw}
+
+
+def report(goodput: dict) -> dict:
+    faults = [dict(STRAGGLER), dict(HANG)]
+    phases = [{"name": "healthy", "start_s": 0.0, "end_s": 10.0, "steps": 50,
+               "step_rate": RATE, "vs_healthy": 1.0}]
+    recoveries(faults, phases, two_faults_run(), [], EVICTIONS, goodput, T0, 45.0, 3,
+               recovery.TORCHFT_DEFAULTS)
+    return {"faults": faults, "phases": phases}
+
+
+def test_back_at_pace_by_the_ranks_stops_at_the_next_faults_onset():
+    series = recovery.commit_series(two_faults_run())
+    # searched to the end, the straggler's back at pace is the hang's recovery
+    assert recovery.back_at_pace(series, 12.0, RATE, last_t=45.0) == 32.2
+    st = recovery.stages(STRAGGLER, two_faults_run(), [], EVICTIONS, RATE, end=45.0, until=30.0)
+    assert st["back_at_pace"] is None
+    assert recovery.next_fault([STRAGGLER, HANG], 0) == 1
+    assert recovery.next_fault([STRAGGLER, HANG], 1) is None
+
+
+def test_the_report_says_a_fault_was_not_back_before_the_next_one():
+    goodput = {"at": T0 + 44.0, "incidents": [
+        incident(2, 2, "hang", 30.0, 31.4, 32.2, "reached"),
+        incident(1, 1, "straggler", 10.0, 11.4, 31.4, "superseded", superseded_by=2)]}
+    rep = report(goodput)
+    first, second = rep["faults"]
+    assert first["stages"]["back_at_pace"] is None and first["recovery_s_ranks"] is None
+    assert second["stages"]["back_at_pace"] == 32.2
+    story = story_lines(rep)
+    assert "not back at pace before fault 2 (30.0s)" in story[0], story[0]
+    assert "back at pace at 32.2" not in story[0], story[0]
+    row = next(line for line in summary_markdown(rep).splitlines() if line.startswith("| 1 |"))
+    assert "| not before #2 |" in row and "32.2s" not in row, row
+
+
+def test_a_cost_without_back_at_pace_says_what_it_holds():
+    # superseded: its cost runs to the next fault's detection
+    goodput = {"at": T0 + 44.0, "incidents": [
+        incident(2, 2, "hang", 30.0, 31.4, 32.2, "reached"),
+        incident(1, 1, "straggler", 10.0, 11.4, 31.4, "superseded", superseded_by=2)]}
+    rep = report(goodput)
+    assert [f["cost"]["not_back_by_s"] for f in rep["faults"]] == [31.4, None]
+    rows = [line for line in cost_markdown(rep).splitlines() if line.startswith(("| 1 ", "| 2 "))]
+    assert "not back at pace by 31.4s: includes every slow second until then" in rows[0]
+    assert "not back at pace" not in rows[1], rows[1]
+    # never back: its cost runs to the ledger's last read
+    goodput = {"at": T0 + 44.0, "incidents": [
+        incident(1, 1, "straggler", 10.0, 11.4, None, None)]}
+    rep = report(goodput)
+    assert rep["faults"][0]["cost"]["not_back_by_s"] == 44.0
+    assert "not back at pace by 44.0s: includes every slow second" in cost_markdown(rep)
