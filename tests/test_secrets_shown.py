@@ -199,7 +199,7 @@ def test_no_password_or_token_is_shown(tmp_path):
         (tmp_path / "job" / "replica_group_0" / "train.log").read_text()
 
 
-@pytest.mark.parametrize("argv,said", [
+BAD_URLS = [
     (["monitor", "--port", "0", "--lighthouse", f"htp://lh:{LH_PW}@h:1"],
      "--lighthouse 'htp://lh:***@h:1': not an http(s)://host:port URL"),
     # a base64 password, its / not percent-encoded: no URL, and refused without it
@@ -229,10 +229,32 @@ def test_no_password_or_token_is_shown(tmp_path):
      "--monitor 'htp://ranks:***@h:1' is not an http(s)://host:port URL"),
     (["run", "--monitor", f"ranks:{MON_PW}@h:1", "--", "true"],  # no scheme
      "--monitor 'ranks:***@h:1' is not an http(s)://host:port URL"),
-])
-def test_a_bad_url_is_refused_without_its_password(tmp_path, argv, said):
-    res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", *argv], capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path)
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> list[subprocess.CompletedProcess]:
+    """Each of BAD_URLS run as a command, all started at once rather than one after another:
+    each is mostly its interpreter's start and imports, which the two cores share."""
+    cwd = tmp_path_factory.mktemp("bad_urls")
+    procs = [subprocess.Popen([sys.executable, "-m", "lightkeeper.cli", *argv],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+             for argv, _ in BAD_URLS]
+    out = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=120)
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    finally:
+        for p in procs:  # none left running after a timeout
+            stop_process(p, grace=0)
+    return out
+
+
+@pytest.mark.parametrize("case", range(len(BAD_URLS)),
+                         ids=[said for _, said in BAD_URLS])
+def test_a_bad_url_is_refused_without_its_password(refusals, case):
+    res, said = refusals[case], BAD_URLS[case][1]
     assert res.returncode == 2 and said in res.stderr, res.stderr
     assert not leaks({"stdout": res.stdout, "stderr": res.stderr})
 
