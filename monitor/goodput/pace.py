@@ -121,23 +121,8 @@ class JobPace:
             return
         self.samples.append(span / steps)
         self.taken.append(now)
-        self._adopt_speedup()
         if len(self.samples) >= self.cfg.baseline_min_samples:
             self.baseline = statistics.median(self.samples)
-
-    def _adopt_speedup(self) -> None:
-        """A young baseline whose newest ``baseline_min_samples`` are each >= 10% faster restarts
-        from them: a job lastingly faster after its warm-up must not keep the slow start in its
-        median until the window fills (a slow-down is never adopted so: faults look like that)."""
-        k, b = self.cfg.baseline_min_samples, self.baseline
-        if b is None or len(self.samples) >= self.cfg.baseline_samples:
-            return
-        newest, taken = list(self.samples)[-k:], list(self.taken)[-k:]
-        if len(newest) == k and all(x <= b / 1.1 for x in newest):
-            self.samples.clear()
-            self.samples.extend(newest)
-            self.taken.clear()
-            self.taken.extend(taken)
 
     def forget_since(self, onset: float) -> None:
         """A fault found: drop the samples taken since its onset (a young baseline samples a
