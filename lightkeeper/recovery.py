@@ -126,7 +126,7 @@ def evicted_replica(fault: dict, evictions: list[dict]) -> str | None:
 def stages(fault: dict, samples: list[dict], lighthouse: list[dict], evictions: list[dict],
            rate: float | None, end: float, until: float | None = None) -> dict[str, Any]:
     """The recovery of one fault, stage by stage (module docstring); times in demo seconds.
-    ``until``: the next fault's onset, where the search for back at pace stops."""
+    ``until``: where the search for back at pace stops (:func:`pace_until`)."""
     g = fault["replica_group"]
     kill = fault.get("evicted_at_s")
     rid = evicted_replica(fault, evictions)
@@ -217,13 +217,27 @@ def fault_start(f: dict) -> float | None:
     return f.get("injected_at_s") if f.get("detected_at_s") is not None else None
 
 
+def acted_at(f: dict) -> float | None:
+    """When fault ``f`` is known to have acted on the job: its strike, else its detection (not
+    its arming, as :func:`fault_start`: a fault given at start is armed at its group's launch,
+    long before it acted); None: it never acted."""
+    return f["struck_at_s"] if f.get("struck_at_s") is not None else f.get("detected_at_s")
+
+
 def next_fault(faults: list[dict], k: int) -> int | None:
-    """The index of the fault that began next after fault ``k`` (of any group: the job's pace
-    is the whole job's), None: none did (or ``k`` never acted)."""
-    starts = [fault_start(f) for f in faults]
+    """The index of the fault that acted next after fault ``k`` (:func:`acted_at`; of any
+    group: the job's pace is the whole job's), None: none did (or ``k`` never acted)."""
+    starts = [acted_at(f) for f in faults]
     later = [(s, j) for j, s in enumerate(starts)
              if starts[k] is not None and s is not None and s > starts[k]]
     return min(later)[1] if later else None
+
+
+def pace_until(faults: list[dict], k: int, end: float) -> float:
+    """Where the search for fault ``k``'s back at pace stops: the next fault's onset
+    (:func:`next_fault`), else ``end``: the job's pace past it may be that fault's."""
+    nxt = next_fault(faults, k)
+    return end if nxt is None else min(end, acted_at(faults[nxt]))
 
 
 def fault_windows(faults: list[dict], end: float) -> list[tuple[float, float] | None]:

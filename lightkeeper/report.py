@@ -194,9 +194,8 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
     windows = recovery.fault_windows(faults, end)
     detected = [recovery.detected_incident(f, goodput, t0_unix) for f in faults]
     for k, f in enumerate(faults):
-        nxt = recovery.next_fault(faults, k)
         st = recovery.stages(f, samples, lighthouse, evictions, healthy, end,
-                             until=None if nxt is None else recovery.fault_start(faults[nxt]))
+                             until=recovery.pace_until(faults, k, end))
         # an incident another fault's detection matched is not this one's too
         taken = {i.get("id") for j, i in enumerate(detected) if i is not None and j != k}
         inc = recovery.ledger_incident(f, goodput, t0_unix,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .recovery import fault_start, next_fault
+from .recovery import acted_at, next_fault
 
 
 def fault_kind(f: dict) -> str:
@@ -162,13 +162,14 @@ def _not_back(faults: list[dict], k: int) -> str | None:
         return None
     nxt = next_fault(faults, k)
     return "not back at pace by the end" if nxt is None else \
-        f"not back at pace before fault {nxt + 1} ({fault_start(faults[nxt]):.1f}s)"
+        f"not back at pace before fault {nxt + 1} ({acted_at(faults[nxt]):.1f}s)"
 
 
 def _back_cell(faults: list[dict], k: int) -> str:
+    if not _not_back(faults, k):
+        return _fmt(_back_at(faults[k]))
     nxt = next_fault(faults, k)
-    return f"not before #{nxt + 1}" if _not_back(faults, k) and nxt is not None \
-        else _fmt(_back_at(faults[k]))
+    return "not by the end" if nxt is None else f"not before #{nxt + 1}"
 
 
 def _plus(v, onset) -> str:

@@ -112,3 +112,64 @@ def test_a_cost_without_back_at_pace_says_what_it_holds():
     rep = report(goodput)
     assert rep["faults"][0]["cost"]["not_back_by_s"] == 44.0
     assert "not back at pace by 44.0s: includes every slow second" in cost_markdown(rep)
+
+
+def paced_run(*pieces):
+    """The three groups committing together; ``pieces``: (until, seconds per step) run one after
+    another, or a bare number: a gap in which nothing commits, to that time."""
+    out, step, t = [], 0, 0.0
+    for p in pieces:
+        if not isinstance(p, tuple):
+            t = p
+            continue
+        until, dt = p
+        while t + dt <= until + 1e-9:
+            t = round(t + dt, 3)
+            step += 1
+            out.extend(sample(t, g, step, t) for g in range(3))
+    return out
+
+
+def test_a_fault_given_at_start_acts_at_its_detection_not_its_arming():
+    """A crash armed at the group's launch (2 s) whose rank never reported the strike (the
+    demo counts its detection from arming), caught at 40 s; a straggler struck at 10 s before
+    it, after which the job runs at 0.78x until the crash; full pace from 42 s."""
+    crash = {**RECORD, "given": "start", "detected_kind": "dead", "injected_at_s": 2.0,
+             "replica_group": 2, "spec": "crash:at_step=190", "struck_at_s": None,
+             "detected_at_s": 40.0, "evicted_at_s": 40.1, "survivors_committing_at_s": 42.0,
+             "restarted_at_s": 41.0, "rejoined_at_s": 43.0}
+    faults = [crash, dict(STRAGGLER)]
+    evictions = [EVICTIONS[0], {**EVICTIONS[1], "at_s": 40.1}]
+    assert recovery.next_fault(faults, 0) is None and recovery.next_fault(faults, 1) == 0
+    phases = [{"name": "healthy", "start_s": 0.0, "end_s": 10.0, "steps": 50,
+               "step_rate": RATE, "vs_healthy": 1.0}]
+    run = paced_run((10.0, 1 / RATE), (11.5, 1.0), 12.0, (40.0, 1 / (0.78 * RATE)), 42.0,
+                    (60.0, 1 / RATE))
+    recoveries(faults, phases, run, [], evictions, None, T0, 60.0, 3, recovery.TORCHFT_DEFAULTS)
+    rep = {"faults": faults, "phases": phases}
+    # the crash's recovery is its own, the straggler's search stops where the crash acted
+    assert faults[0]["stages"]["back_at_pace"] == 42.2
+    assert faults[1]["stages"]["back_at_pace"] is None
+    story = story_lines(rep)
+    assert "back at pace at 42.2s" in story[0] and "not back" not in story[0], story[0]
+    assert "not back at pace before fault 1 (40.0s)" in story[1], story[1]
+    rows = [line for line in summary_markdown(rep).splitlines()
+            if line.startswith(("| 1 | `", "| 2 | `"))]
+    assert "| 42.2s |" in rows[0] and "| not before #1 |" in rows[1], rows
+    # a fault that never acted (armed, never struck nor caught) cuts nothing
+    idle = {**crash, "detected_at_s": None, "evicted_at_s": None}
+    assert recovery.next_fault([idle, dict(STRAGGLER)], 1) is None
+    assert recovery.pace_until([idle, dict(STRAGGLER)], 1, 60.0) == 60.0
+
+
+def test_the_last_fault_not_back_reads_so_in_the_story_and_the_table():
+    faults = [dict(STRAGGLER)]
+    phases = [{"name": "healthy", "start_s": 0.0, "end_s": 10.0, "steps": 50,
+               "step_rate": RATE, "vs_healthy": 1.0}]
+    run = paced_run((10.0, 1 / RATE), (11.5, 1.0), 12.0, (30.0, 1 / (0.78 * RATE)))
+    recoveries(faults, phases, run, [], EVICTIONS[:1], None, T0, 30.0, 3,
+               recovery.TORCHFT_DEFAULTS)
+    rep = {"faults": faults, "phases": phases}
+    assert "not back at pace by the end" in story_lines(rep)[0]
+    row = next(line for line in summary_markdown(rep).splitlines() if line.startswith("| 1 | `"))
+    assert "| not by the end |" in row, row
