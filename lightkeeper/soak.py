@@ -166,7 +166,8 @@ def torchft_alone_steps(faults: list[dict], healthy: float | None, start: float,
 def own_pace_back(series: list, onset: float | None, end: float,
                   before_s: float = 10.0) -> float | None:
     """Seconds from ``onset`` until the job is back at 90% of its own pace in the ``before_s``
-    seconds before it (the pace varies over a long run: spares importing, groups moved)."""
+    seconds before it (the pace varies over a long run: spares importing, groups moved), that
+    searched until ``end`` (:func:`lightkeeper.recovery.pace_until`)."""
     from .recovery import back_at_pace, step_at
 
     if onset is None:
@@ -181,13 +182,13 @@ def own_pace_back(series: list, onset: float | None, end: float,
 def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
     """The soak's figures from the demo's ``report.json`` (``rep``), its own record and the
     ranks' samples (``timeline.json``)."""
-    from .recovery import commit_series, step_at
+    from .recovery import commit_series, pace_until, step_at
 
     faults, end = rep["faults"], rep["duration_s"]
     series = commit_series(samples)
     healthy = rep.get("healthy_step_rate")
     rows = []
-    for f in faults:
+    for k, f in enumerate(faults):
         onset, det = f.get("struck_at_s"), f.get("detected_at_s")
         tf = f.get("torchft_alone") or {}
         rows.append({
@@ -202,7 +203,7 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
                            f["host"] in f["culprit_hosts"]),
             "detect_s": None if onset is None or det is None else round(det - onset, 2),
             "back_at_pace_s": f.get("recovery_s_ranks"),
-            "back_at_own_pace_s": own_pace_back(series, onset, end),
+            "back_at_own_pace_s": own_pace_back(series, onset, pace_until(faults, k, end)),
             "steps_lost": f.get("steps_lost"),
             "host_quarantined": f.get("host_quarantined_at_s") is not None,
             "restarted_on": f.get("restarted_on"),

@@ -400,3 +400,21 @@ def test_the_demo_keeps_every_decision_a_long_run_pushes_out_of_the_monitors_new
     demo.rows[-1]["status"] = "lifted"  # a row still listed: its newest version
     demo.poll_monitor()
     assert demo.evictions[0]["status"] == "lifted" and len(demo.evictions) == 900
+
+
+def test_back_at_own_pace_is_not_the_next_faults_recovery():
+    """A straggler struck at 20 s, after which the job runs at 0.78x until a hang at 40 s; full
+    pace again from 42 s: that is the hang's recovery, not the straggler's."""
+    samples, step, t = [], 0, 0.0
+    for until, dt, resume in ((20.0, 0.2, 22.0), (40.0, 1 / (0.78 * 5), 42.0), (60.0, 0.2, 60.0)):
+        while t + dt <= until + 1e-9:
+            t, step = round(t + dt, 3), step + 1
+            samples.append({"last_step_at_s": t, "step": step})
+        t = resume
+    straggler = _fault("slow", 1, 20.0, 25.0, None)
+    hang = _fault("hang", 2, 40.0, 45.0, None)
+    rep = {"faults": [straggler, hang], "duration_s": 60.0, "training_started_at_s": 0.0,
+           "healthy_step_rate": 5.0, "evictions": [], "hosts": {}, "events": []}
+    rows = summary(rep, {"seed": 1, "soak_s": 60.0}, samples)["faults"]
+    assert rows[0]["back_at_own_pace_s"] is None
+    assert rows[1]["back_at_own_pace_s"] == 2.2
