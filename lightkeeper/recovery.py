@@ -218,10 +218,16 @@ def fault_start(f: dict) -> float | None:
 
 
 def acted_at(f: dict) -> float | None:
-    """When fault ``f`` is known to have acted on the job: its strike, else its detection (not
-    its arming, as :func:`fault_start`: a fault given at start is armed at its group's launch,
-    long before it acted); None: it never acted."""
-    return f["struck_at_s"] if f.get("struck_at_s") is not None else f.get("detected_at_s")
+    """When fault ``f`` acted on the job: its strike; else (its rank never reported it, a crash
+    gone first) for a fault injected live its injection (the POST is within a step of the
+    strike), for one given at start its detection (armed at its group's launch, long before it
+    acted); None: it never acted (nor was caught)."""
+    if f.get("struck_at_s") is not None:
+        return f["struck_at_s"]
+    if f.get("detected_at_s") is None:
+        return None
+    live = f.get("given") != "start" and f.get("injected_at_s") is not None
+    return f["injected_at_s"] if live else f["detected_at_s"]
 
 
 def next_fault(faults: list[dict], k: int) -> int | None:

@@ -173,3 +173,28 @@ def test_the_last_fault_not_back_reads_so_in_the_story_and_the_table():
     assert "not back at pace by the end" in story_lines(rep)[0]
     row = next(line for line in summary_markdown(rep).splitlines() if line.startswith("| 1 | `"))
     assert "| not by the end |" in row, row
+
+
+def test_a_live_fault_that_never_reported_its_strike_acts_at_its_injection():
+    """A crash injected live at 30 s whose rank exited before reporting the strike, caught as
+    dead at 36 s; torchft's own recovery runs the survivors at full pace from 31 s. The POST is
+    within a step of the strike: the straggler before it is cut there, not at the detection,
+    so the crash's recovery is not the straggler's back at pace."""
+    crash = {**RECORD, "detected_kind": "dead", "injected_at_s": 30.0, "replica_group": 2,
+             "spec": "crash:at_step=150", "struck_at_s": None, "detected_at_s": 36.0,
+             "evicted_at_s": 36.1, "survivors_committing_at_s": 31.0, "restarted_at_s": 36.5,
+             "rejoined_at_s": 39.0,
+             "note": "the rank never reported the strike; detection counted from arming"}
+    faults = [dict(STRAGGLER), crash]
+    assert recovery.acted_at(crash) == 30.0
+    assert recovery.acted_at({**crash, "given": "start"}) == 36.0  # armed at launch: caught
+    assert recovery.pace_until(faults, 0, 60.0) == 30.0
+    phases = [{"name": "healthy", "start_s": 0.0, "end_s": 10.0, "steps": 50,
+               "step_rate": RATE, "vs_healthy": 1.0}]
+    run = paced_run((10.0, 1 / RATE), (11.5, 1.0), 12.0, (30.0, 1 / (0.78 * RATE)), 31.0,
+                    (60.0, 1 / RATE))
+    evictions = [EVICTIONS[0], {**EVICTIONS[1], "at_s": 36.1}]
+    recoveries(faults, phases, run, [], evictions, None, T0, 60.0, 3, recovery.TORCHFT_DEFAULTS)
+    assert faults[0]["stages"]["back_at_pace"] is None
+    story = story_lines({"faults": faults, "phases": phases})
+    assert "not back at pace before fault 2 (30.0s)" in story[0], story[0]
