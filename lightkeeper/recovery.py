@@ -230,6 +230,13 @@ def acted_at(f: dict) -> float | None:
     return f["injected_at_s"] if live else f["detected_at_s"]
 
 
+def last_acted(faults: list[dict], held: list[int]) -> int | None:
+    """Of the faults whose windows (:func:`fault_windows`) hold a job-wide incident or finding
+    (indices ``held``), the one that acted last (:func:`acted_at`): the wide window (from the
+    arming) says which may own it, the onset which did."""
+    return max(held, key=lambda k: (acted_at(faults[k]), k)) if held else None
+
+
 def next_fault(faults: list[dict], k: int) -> int | None:
     """The index of the fault that acted next after fault ``k`` (:func:`acted_at`; of any
     group: the job's pace is the whole job's), None: none did (or ``k`` never acted)."""
@@ -305,17 +312,17 @@ def job_wide_owners(faults: list[dict], goodput: dict | None, t0_unix: float,
                     end: float) -> dict[int, list[dict]]:
     """Fault index -> the job-wide incidents (no replica group: the survivors' stall while the
     fault's group goes) whose onset lies in its window (:func:`fault_windows`); one that two
-    faults' windows hold is the later-started fault's."""
+    faults' windows hold is the fault's that acted last (:func:`last_acted`)."""
     out: dict[int, list[dict]] = {}
     windows = fault_windows(faults, end)
     for inc in (goodput or {}).get("incidents") or []:
         onset = inc.get("onset_at")
         if inc.get("replica_group") is not None or inc.get("kind") == "manual" or onset is None:
             continue
-        held = [(w[0], k) for k, w in enumerate(windows)
+        held = [k for k, w in enumerate(windows)
                 if w is not None and t0_unix + w[0] - 2.0 <= onset <= t0_unix + w[1]]
         if held:
-            out.setdefault(max(held)[1], []).append(inc)
+            out.setdefault(last_acted(faults, held), []).append(inc)
     return out
 
 

@@ -119,13 +119,15 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
 def attributed_fault(d: dict, faults: list[dict], end: float) -> int | None:
     """The fault (1-based) that explains detection ``d``: confirmed in the fault's window
     (:func:`lightkeeper.recovery.fault_windows`, 1 s slack) in the same group, or for a
-    job-wide finding (the survivors' stall) the latest-started of those whose window holds it,
-    as :func:`lightkeeper.recovery.job_wide_owners` gives the cost."""
-    held = [(w[0], i) for i, (f, w) in enumerate(
-        zip(faults, recovery.fault_windows(faults, end), strict=True), 1)
-        if w is not None and d["replica_group"] in (None, f["replica_group"])
-        and w[0] - FINDING_SLACK_S <= d["at_s"] <= w[1] + FINDING_SLACK_S]
-    return max(held)[1] if held else None
+    job-wide finding (the survivors' stall) the one that acted last of those whose window holds
+    it (:func:`lightkeeper.recovery.last_acted`), as :func:`~lightkeeper.recovery.job_wide_owners`
+    gives the cost."""
+    held = [k for k, (f, w) in enumerate(zip(faults, recovery.fault_windows(faults, end),
+                                             strict=True))
+            if w is not None and d["replica_group"] in (None, f["replica_group"])
+            and w[0] - FINDING_SLACK_S <= d["at_s"] <= w[1] + FINDING_SLACK_S]
+    k = recovery.last_acted(faults, held)
+    return None if k is None else k + 1
 
 
 def detections(findings: list[dict], evictions: list[dict], t0_unix: float,

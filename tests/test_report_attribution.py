@@ -1,7 +1,7 @@
 """Which fault a finding, a ledger incident and lost steps belong to in the demo's report
 (:func:`lightkeeper.recovery.fault_windows`): a fault whose group never rejoins holds them until
 the next fault of its group (a restart that never trained is still the fault's); a job-wide
-finding is the latest-started open fault's, as its cost is. In-process, from plain data
+finding is the open fault's that acted last, as its cost is. In-process, from plain data
 in the shapes the demo records (``tests/test_demo_baseline.py``)."""
 
 from __future__ import annotations
@@ -91,3 +91,18 @@ def test_a_job_wide_finding_is_the_fault_its_cost_goes_to():
     owners = recovery.job_wide_owners(faults, {"incidents": [stall]}, T0, 60.0)
     assert owners == {1: [stall]}
     assert report.attributed_fault({"replica_group": None, "at_s": 27.0}, faults, 60.0) == 2
+
+
+def test_a_job_wide_stall_is_the_fault_that_acted_last_not_the_last_armed():
+    """A crash given at start (armed at its group's launch, 2 s; its rank never reported the
+    strike) caught at 40 s, after a straggler struck at 10 s whose group never rejoined: the
+    survivors' stall after the crash's kill and its job_stall finding are the crash's, though
+    the straggler's window started later than the crash's (its arming)."""
+    crash = {**fault(2, 0.0, 40.0, 43.0), "given": "start", "spec": "crash:at_step=190",
+             "injected_at_s": 2.0, "struck_at_s": None, "detected_kind": "dead"}
+    faults = [crash, fault(1, 10.0, 11.4, None)]
+    stall = {"id": 9, "kind": "job_stall", "replica_group": None, "onset_at": T0 + 40.2}
+    assert recovery.job_wide_owners(faults, {"incidents": [stall]}, T0, 60.0) == {0: [stall]}
+    assert report.attributed_fault({"replica_group": None, "at_s": 41.0}, faults, 60.0) == 1
+    # the crash's window still starts at its arming (it may have struck any time after)
+    assert recovery.fault_windows(faults, 60.0)[0] == (2.0, 43.0)
