@@ -22,8 +22,8 @@ group evicted by the monitor, or one that torchft let die, comes back the same w
 as the demo does, from a warm spare (one per group, started and imported before the job starts,
 used once; ``--cold-restarts``: from scratch).
 
-``lightkeeper monitor`` runs in every run with the demo's flags (so each run carries the same
-polling load), with ``--dry-run`` in all but the Lightkeeper run: it detects and keeps its
+``lightkeeper monitor`` runs in every run with the demo's flags and the ranks' exit token (so each
+run carries the same polling load), with ``--dry-run`` in all but the Lightkeeper run: it detects and keeps its
 goodput ledger but never evicts (``--no-monitor-alone``: no monitor in the torchft-alone runs).
 
 Ground truth, read from the ranks themselves, none of it from the ledger
@@ -146,12 +146,16 @@ class Run:
         self.monitor_mode = monitor  # "evict", "dry_run" or None
         self.dir = work / name
         self.token = secrets.token_hex(16)
+        # the demo's ranks' token: the monitor ends an evicted group's other ranks and aborts the
+        # survivors' collective with a group gone (docs/monitor.md), as it does in the demo
+        self.exit_token = secrets.token_hex(16)
         self.cluster = LocalCluster(
             self.dir / "logs", num_groups=args.groups, ranks_per_group=args.ranks_per_group,
             steps=1_000_000, step_pause_s=args.step_pause, pg_timeout_s=timeouts.pg_timeout_s,
             quorum_timeout_s=timeouts.quorum_timeout_s, join_timeout_ms=timeouts.join_timeout_ms,
             heartbeat_timeout_ms=timeouts.heartbeat_timeout_ms,
-            extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token})
+            extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token,
+                       "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
         self.http = requests.Session()
         self.monitor_proc: subprocess.Popen | None = None
         self.monitor_url: str | None = None
@@ -201,7 +205,8 @@ class Run:
                "--expected-groups", str(self.args.groups), *shlex.split(self.args.monitor_args)]
         if self.monitor_mode == "dry_run":
             cmd.append("--dry-run")
-        self.monitor_proc, self.monitor_url = start_monitor_process(cmd, out_path, log_path)
+        self.monitor_proc, self.monitor_url = start_monitor_process(
+            cmd, out_path, log_path, env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
         self.procs.append(self.monitor_proc)
 
     def stop(self) -> None:
