@@ -18,7 +18,7 @@ from monitor.evidence.lighthouse_settings import (
     LighthouseSettingsWatch,
     assess,
 )
-from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.evidence.lighthouse_status import LighthouseStatus, parse_status
 from monitor.evidence.rank import RankView
 from monitor.service import Monitor
 from tests.support.monitor_sim import rank_state
@@ -73,6 +73,54 @@ def test_a_slow_drop_with_a_short_heartbeat_blames_the_survivors_collective():
     for ev in (Evidence(last_drop_s=6.0), Evidence(declared_heartbeat_s=5.0, last_drop_s=6.0)):
         drop = next(w for w in assess(ev) if w.setting == "eviction_drop")
         assert "check the Lighthouse's heartbeat_timeout_ms" in drop.message
+
+
+def _page(qid, members, heartbeats, stale=(), next_status=""):
+    """A torchft 0.2.0 Lighthouse /status page, in its shape (quorum, next status, heartbeats)."""
+    blocks = "".join(f'<div class="member\n \n">\n  <b>{m}</b> <br/>\n  Step: 7 <br/>\n'
+                     f"  Manager: http://127.0.0.1:1 <br/>\n  TCPStore: 127.0.0.1:2 <br/>\n"
+                     f"  World size: 2 <br/>\n</div>\n" for m in members)
+    beats = "".join(f'<li class="heartbeat{" old" if r in stale else ""}">\n    {r}: seen '
+                    f"{age}s ago\n  </li>\n" for r, age in heartbeats.items())
+    return (f"\nCurrent quorum_id: {qid} <br>\nNext quorum status: {next_status}\n\n"
+            f"<h3>Previous Quorum</h3>\nPrevious quorum id: {qid} <br>\nNum participants: "
+            f"{len(members)} <br>\n<div>\n{blocks}</div>\n<h2>Heartbeats</h2>\n<ul>\n{beats}</ul>")
+
+
+JOIN_WAIT = ("Valid quorum with 2 participants, waiting for 1 healthy but not participating "
+             "stragglers due to join timeout [2/2 participants healthy][3 heartbeating]"
+             "[shrink_only=false]")
+
+
+@pytest.mark.parametrize("survivor_held", [True, False])
+def test_a_drop_held_for_the_join_timeout_names_a_survivor_held_out(survivor_held):
+    """Every evicted rank exited at once, but a survivor's rank stayed blocked in the old
+    collective on another survivor's rank that had given it up: the Lighthouse, its heartbeat
+    timeout short, waited for that healthy group until its join timeout. The warning says so,
+    not that the evicted group's ranks did not exit."""
+    w = LighthouseSettingsWatch(interval_s=0.5)
+    g = ["g0", "g1", "g2"]
+    w.observe(parse_status(_page(3, g, {**dict.fromkeys(g, 0.1), "old": 1.2}, ["old"])), 9.0)
+    w.kill_sent("g1", now=10.0)
+    # g1 still heartbeats: the Lighthouse waits for the evicted group itself, not a survivor
+    w.observe(parse_status(_page(3, g, {"g0": 0.1, "g1": 0.5, "g2": 0.1}, (), JOIN_WAIT)), 10.5)
+    for t in (11.5, 12.5, 13.5, 14.5):  # g1's heartbeat old: a survivor holds the quorum
+        w.observe(parse_status(_page(3, g, {"g0": 0.1, "g1": t - 10, "g2": 0.1}, ["g1"],
+                                     JOIN_WAIT if survivor_held else "")), t)
+    w.observe(parse_status(_page(4, ["g0", "g2"], {"g0": 0.1, "g1": 5.5, "g2": 0.1}, ["g1"])),
+              15.5)
+    msg = w.active["eviction_drop"].message
+    assert "5.5s after the kill" in msg
+    assert ("held the survivors' next quorum until its join timeout" in msg) is survivor_held
+    assert not survivor_held or ("--rank-exit-token" in msg and "join_timeout_ms" in msg)
+    assert ("blocked in a collective with the evicted group" in msg) is not survivor_held
+    # the declared join timeout, the drop about that long: the same, without /status's word
+    (d,) = assess(Evidence(declared_heartbeat_s=1.0, declared_join_s=5.0, last_drop_s=5.4,
+                           interval_s=0.5))
+    assert "join_timeout_ms, 5000 ms (declared)" in d.message
+    assert "blocked in a collective with the evicted group" not in d.message
+    (d,) = assess(Evidence(declared_heartbeat_s=1.0, declared_join_s=5.0, last_drop_s=9.0))
+    assert "blocked in a collective with the evicted group" in d.message
 
 
 def status(qid, members, heartbeats, stale=()):

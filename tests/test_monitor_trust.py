@@ -498,6 +498,7 @@ def test_lighthouse_status_page_is_parsed_and_other_shapes_are_refused():
         assert set(st.members) == set(job.replica_ids.values())
         assert all(m.world_size == 2 and m.step == 100 for m in st.members.values())
         assert all(st.heartbeating(rid) for rid in job.replica_ids.values())
+        assert "participants" in st.next_status  # quorum_compute's reason for the next quorum
         job.kill(job.replica_ids[1])  # its heartbeats stop: "old" after the 2 s timeout
         wait_until(lambda: not parse_status(requests.get(
             job.lighthouse_url + "/status", timeout=5).text).heartbeating(job.replica_ids[1]),

@@ -39,6 +39,9 @@ class Evidence:
     last_drop_s: float | None = None  # the last kill -> out of the Lighthouse's quorum
     # the survivors' ranks waited in their quorum call (phase quorum) all through that slow drop
     last_drop_asked: bool = False
+    # /status said, with the evicted group's heartbeat already old, that the next quorum waited
+    # for healthy groups that had not asked, due to the join timeout
+    last_drop_join_wait: bool = False
     interval_s: float = 1.0  # the sweep interval the observations were made at
 
 
@@ -70,6 +73,10 @@ def assess(ev: Evidence) -> list[SettingWarning]:
                 f"after the kill (more than {limit:.1f}s: {_fmt(SLOW_S)} + one sweep + "
                 f"{DROP_SLACK_S:g}s for the process to exit); the survivors stalled that long")
         short = _short_heartbeat(ev)
+        join = ev.declared_join_s
+        # from the survivors' first request to the next sweep: about the join timeout
+        at_join = (short is not None and join is not None
+                   and join <= ev.last_drop_s <= join + ev.interval_s + DROP_SLACK_S)
         if ev.last_drop_asked:
             # they asked at once, so the Lighthouse held the quorum: below min_replicas without
             # the evicted group, it waits for a replacement
@@ -81,6 +88,18 @@ def assess(ev: Evidence) -> list[SettingWarning]:
                    else f"{asked} and the Lighthouse held it back: check its min_replicas (more "
                    f"than the groups left: the quorum waits for a replacement group to join), "
                    f"heartbeat_timeout_ms and join_timeout_ms (docs/lighthouse.md)")
+        elif ev.last_drop_join_wait or at_join:
+            seen = ("its /status said it waited for healthy groups that had not asked, due to "
+                    "its join timeout" if ev.last_drop_join_wait
+                    else f"about its join_timeout_ms, {_fmt(join)} (declared)")
+            # gloo fails only the connections to the dead peer: a survivor's rank can wait on
+            # another survivor's rank that gave the collective up, until the next quorum
+            why = (f"not the evicted group's exit: the Lighthouse held the survivors' next quorum "
+                   f"until its join timeout ({seen}): a surviving group was held out, one of "
+                   f"its ranks still blocked in the old cross-group collective on a survivor's "
+                   f"rank that had given it up, so the group could not ask; the monitor's abort "
+                   f"of the survivors' collective (--rank-exit-token) ends that wait, a shorter "
+                   f"join_timeout_ms where steps allow caps it (docs/lighthouse.md)")
         elif short is None:
             why = ("check the Lighthouse's heartbeat_timeout_ms and join_timeout_ms "
                    "(docs/lighthouse.md)")
@@ -128,6 +147,7 @@ class LighthouseSettingsWatch:
             interval_s=interval_s)
         self.pending: dict[str, float] = {}  # replica_id -> when the kill was sent
         self._asked: dict[str, bool] = {}  # pending replica_id -> survivors all in phase quorum
+        self._join_wait: set[str] = set()  # pending replica_ids: see Evidence.last_drop_join_wait
         self.active: dict[str, SettingWarning] = {}
         self._logged_at: dict[str, float] = {}
 
@@ -143,6 +163,8 @@ class LighthouseSettingsWatch:
             self._note_survivors(view, status.members)
         if status is not None:
             ev = self.ev
+            if "due to join timeout" in status.next_status:
+                self._join_wait |= {r for r in self.pending if not status.heartbeating(r)}
             for rid, age in status.heartbeats.items():
                 if not math.isfinite(age) or age < 0:
                     continue
@@ -157,10 +179,12 @@ class LighthouseSettingsWatch:
                         del self.pending[rid]
                         ev.last_drop_s = max(0.0, now - at)
                         ev.last_drop_asked = self._asked.pop(rid, False)
+                        ev.last_drop_join_wait = rid in self._join_wait
                         log.info("evicted replica %s left the Lighthouse's quorum %.1fs after "
                                  "the kill", rid, ev.last_drop_s)
         self.pending = {rid: at for rid, at in self.pending.items() if now - at <= PENDING_MAX_S}
         self._asked = {rid: a for rid, a in self._asked.items() if rid in self.pending}
+        self._join_wait &= set(self.pending)
         warnings = assess(self.ev)
         current = {w.setting: w for w in warnings}
         for setting, w in current.items():

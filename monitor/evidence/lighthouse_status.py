@@ -16,6 +16,7 @@ from http_serving import failure_reason, redact_url
 MAX_STATUS_BYTES = 16 << 20  # ~600 bytes per replica group: room for ~25,000 of them
 
 _CURRENT = re.compile(r"Current quorum_id:\s*(-?\d+)\s*<br>")
+_NEXT = re.compile(r"Next quorum status:([^<]*)")  # quorum_compute's reason, e.g. a join wait
 _PREVIOUS = re.compile(r"Previous quorum id:\s*(\d+)\s*<br>\s*Num participants:\s*(\d+)\s*<br>")
 # a field is [^<]* up to its tag, stripped after: ".*?" and "\s*" around it backtracked
 # (a 5 KB page took a minute)
@@ -49,6 +50,7 @@ class LighthouseStatus:
     heartbeats: dict[str, float]  # replica_id -> seconds since its last heartbeat
     stale: frozenset[str] = field(default_factory=frozenset)  # heartbeats past the timeout
     at: float = 0.0
+    next_status: str = ""  # why the next quorum is not issued yet ("" when not shown)
 
     def heartbeating(self, replica_id: str) -> bool:
         return replica_id in self.heartbeats and replica_id not in self.stale
@@ -62,6 +64,7 @@ def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
         raise StatusFormatError("not a torchft Lighthouse /status page (no quorum_id, quorum "
                                 "or heartbeat section)")
     quorum_part, _, heartbeat_part = page.partition("<h2>Heartbeats</h2>")
+    nxt = _NEXT.search(quorum_part.partition("<h3>Previous Quorum</h3>")[0])
     members: dict[str, QuorumMember] = {}
     previous = _PREVIOUS.search(quorum_part)
     if previous is None:
@@ -88,7 +91,8 @@ def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
             stale.add(rid)
     if len(_HEARTBEAT_START.findall(heartbeat_part)) != len(heartbeats):
         raise StatusFormatError("heartbeat entries that could not be read")
-    return LighthouseStatus(quorum_id, members, heartbeats, frozenset(stale), at)
+    return LighthouseStatus(quorum_id, members, heartbeats, frozenset(stale), at,
+                            html.unescape(nxt.group(1).strip()) if nxt else "")
 
 
 class LighthouseReader:
