@@ -230,7 +230,7 @@ class Straggler:
                         self.findings.resolve(key, "quorum_shrunk", now)
             return []
         self._shrunk = 0
-        # a group's slots side by side: reduceat at its first rank gives its maximum (minimum)
+        # a group's slots side by side: reduceat at its first rank gives its maximum
         order = list(groups)
         slots, starts = [], []
         for g in order:
@@ -251,14 +251,9 @@ class Straggler:
         steps_s = np.median(timings[:, :, STEP_S], axis=0)
         # the cross-group all_reduce keeps a quorum's groups in lockstep: no rank waits there
         # longer than the ranks' median step less its own compute; one serving more is cut
-        lockstep = np.maximum(steps_s - timings[:, :, COMPUTE_S], 0.0)
-        waits = np.minimum(timings[:, :, WAIT_CROSS_S], lockstep)
-        # torchft asks the Lighthouse once all of a group's ranks called quorum, so a rank slow
-        # before it keeps its peers in the quorum (timed cross): the others waited for a group
-        # no longer than its least-waiting rank waited in all, cross and in-group
-        total = np.minimum(timings[:, :, WAIT_CROSS_S] + timings[:, :, WAIT_GROUP_S], lockstep)
-        cross = np.minimum(np.maximum.reduceat(waits, starts, axis=0),
-                           np.minimum.reduceat(total, starts, axis=0))
+        waits = np.minimum(timings[:, :, WAIT_CROSS_S],
+                           np.maximum(steps_s - timings[:, :, COMPUTE_S], 0.0))
+        cross = np.maximum.reduceat(waits, starts, axis=0)
         cut_s = np.median(timings[:, :, WAIT_CROSS_S] - waits, axis=1)  # per polled rank
         med_step = float(np.median(timings[:, :, STEP_S]))
         # a group's own work a step: its step outside the cross-group wait, its busiest rank's
@@ -379,14 +374,11 @@ class Straggler:
         keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
                 ("wait_cross_s", WAIT_CROSS_S))
         ranked = [(r.rank, slot) for r, slot, _ in rows if r.rank is not None]
-        seconds = self.memory.seconds([s for _, s in ranked], window)  # rank x step x key
-        meds = np.median(seconds, axis=1).tolist()
+        # rank x TIMING_KEYS: each rank's median over the window
+        meds = np.median(self.memory.seconds([s for _, s in ranked], window), axis=1).tolist()
         per_rank = {rank: {k: round(med[i], 4) for k, i in keys}
                     for (rank, _), med in zip(ranked, meds, strict=True)}
-        # in-group and cross: a peer waits for the rank in the quorum too (judge())
-        waits = dict(zip((rank for rank, _ in ranked), np.median(
-            seconds[:, :, WAIT_GROUP_S] + seconds[:, :, WAIT_CROSS_S], axis=1).tolist(),
-            strict=True))
+        waits = {rank: m["wait_group_s"] for rank, m in per_rank.items()}
         late = [rank for rank, w in waits.items() if len(waits) >= 2
                 and statistics.median(v for k, v in waits.items() if k != rank) - w >= threshold]
         verdict = ("the rank(s) its peers wait for inside the group" if late else
