@@ -69,8 +69,8 @@ def story_lines(rep: dict) -> list[str]:
         back = _back_at(f)
         if back is not None:
             steps.append(f"back at pace at {back:.1f}s")
-        elif _not_back(rep["faults"], i - 1):
-            steps.append(_not_back(rep["faults"], i - 1))
+        elif not_back := _not_back(rep["faults"], i - 1):
+            steps.append(not_back)
         out.append(f"fault {i} ({fault_kind(f)}): " + (" -> ".join(steps) or "no step seen")
                    + f"; {f['outcome']}")
     hs = rep.get("hosts") or {}
