@@ -34,11 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     try:
+        parsers = {}
         for name, (module_name, help_text) in SUBCOMMANDS.items():
-            p = sub.add_parser(name, help=help_text, description=help_text)
+            p = parsers[name] = sub.add_parser(name, help=help_text, description=help_text)
             if name == chosen:
                 importlib.import_module(module_name).add_arguments(p)
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would blame the top level and print its usage, not the command's
+            parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         module = importlib.import_module(SUBCOMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except ModuleNotFoundError as e:

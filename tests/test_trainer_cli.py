@@ -136,6 +136,7 @@ def test_a_bad_cuda_timing_is_a_usage_error_before_torch(monkeypatch, capsys):
     (["--inject", "slow:delay=1e6"], "argument --inject: "),
     (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
     (["--cross-group", "mpi"], "argument --cross-group: invalid choice: 'mpi'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),  # the command's, not the top level's
 ])
 def test_a_value_argparse_refuses_is_one_line_too(argv, said):
     """trainer.md says a bad flag value is one line on stderr and status 2: argparse printed its
