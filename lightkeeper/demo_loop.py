@@ -14,6 +14,7 @@ run at its deadline. The parts live one per module, each a mixin over the one sh
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import requests
 from http_serving import printable
 
 from .demo_processes import Processes
-from .demo_sampling import Sampling
+from .demo_sampling import Sampling, TreeCpu
 from .demo_stories import Stories
 from .demo_supervisor import Supervisor
 from .faulttrack import FaultTrack, Strike
@@ -97,6 +98,8 @@ class Demo(Processes, Sampling, Supervisor, Stories):
         self.rank_pids: set[int] = set()
         self.samples: list[dict] = []          # one per rank per tick
         self.ticks: list[tuple[float, int]] = []  # (t, job step)
+        self.cpu = TreeCpu(os.getpid())         # the demo's processes and every one they start
+        self.cpu_ticks: list[tuple[float, float, float]] = []  # (t, machine busy s, the tree's)
         self.events: list[dict] = []
         self.latest: dict[int, list[dict]] = {}  # group -> latest rank states
         self.findings: list[dict] = []
@@ -141,6 +144,7 @@ class Demo(Processes, Sampling, Supervisor, Stories):
         """One sampling round (~TICK_S): ranks, monitor, supervisor, live view, deadline."""
         started = time.monotonic()
         t = self.now()
+        self.sample_cpu(t)
         self.sample_ranks(t)
         self.poll_lighthouse(t)
         self.poll_monitor()

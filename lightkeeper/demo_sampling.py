@@ -5,6 +5,8 @@ from."""
 
 from __future__ import annotations
 
+import os
+
 from http_serving import printable
 
 from .faulttrack import Observation, Strike, finding_culprits
@@ -25,8 +27,85 @@ def merge_rows(old: list[dict], new: list) -> list[dict]:
                   reverse=True)
 
 
+class TreeCpu:
+    """The machine's busy CPU seconds (``/proc/stat``) and those of one process tree, ``root``
+    and its descendants (utime + stime), so that over any window the CPU the machine's other
+    processes took is the difference of their deltas. A process is placed in or out of the tree
+    when first seen (its parent's place), and one gone keeps its last figure: the tree's sum
+    never falls (a child's reaped time in its parent's cutime would count it twice; one that
+    starts and ends between two samples is missed). A sample reads ``/proc/stat``, the list of ``/proc`` and the stat of each tree process and each new
+    one. Linux only: elsewhere :meth:`sample` is None."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self._in: dict[int, bool] = {}                  # pid -> in the tree
+        self._cpu: dict[int, tuple[int, float]] = {}    # tree pid -> (start time, CPU s)
+        self._gone = 0.0                                # the last figures of those gone
+        self._hz = os.sysconf("SC_CLK_TCK") if "SC_CLK_TCK" in getattr(
+            os, "sysconf_names", {}) else 100
+
+    def _stat(self, pid: int) -> tuple[int, int, float] | None:
+        """(parent pid, start time, CPU seconds) of ``pid``; None: gone."""
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return None
+        v = raw[raw.rfind(b")") + 2:].split()  # the name may hold spaces and parentheses
+        return int(v[1]), int(v[19]), (int(v[11]) + int(v[12])) / self._hz
+
+    def sample(self) -> tuple[float, float] | None:
+        """(the machine's busy CPU seconds, the tree's) now; None where not measured."""
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:9]]
+            listed = {int(d) for d in os.listdir("/proc") if d.isdigit()}
+        except (OSError, ValueError):
+            return None
+        # user nice system irq softirq steal (guest time is in user already)
+        busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / self._hz
+        for pid in [p for p in self._in if p not in listed]:
+            del self._in[pid]
+            if pid in self._cpu:
+                self._gone += self._cpu.pop(pid)[1]
+        new = {}
+        for pid in listed:
+            got = None if self._in.get(pid) is False else self._stat(pid)
+            if got is None:
+                continue
+            ppid, start, cpu = got
+            old = self._cpu.get(pid)
+            if old is not None and old[0] != start:  # the pid taken again since the last look
+                self._gone += self._cpu.pop(pid)[1]
+                del self._in[pid]
+                old = None
+            if pid in self._in:
+                self._cpu[pid] = (start, max(cpu, old[1] if old else 0.0))
+            else:
+                new[pid] = got
+
+        def place(pid: int) -> bool:  # a new process: in the tree if its parent is
+            if pid not in self._in:
+                ppid = new[pid][0] if pid in new else None
+                self._in[pid] = pid == self.root or (ppid in new or ppid in self._in) \
+                    and place(ppid)
+            return self._in[pid]
+
+        for pid, (_, start, cpu) in new.items():
+            if place(pid):
+                self._cpu[pid] = (start, cpu)
+        return busy, self._gone + sum(c for _, c in self._cpu.values())
+
+
 class Sampling:
     """Part of :class:`~lightkeeper.demo_loop.Demo` (its state is set up there)."""
+
+    def sample_cpu(self, t: float) -> None:
+        """The machine's busy CPU seconds and the demo's own processes' at the tick ``t`` in
+        ``cpu_ticks`` (nothing where not measured): the report's ``others_cores``."""
+        got = self.cpu.sample()
+        if got is not None:
+            self.cpu_ticks.append((t, *got))
 
     def state(self, url: str) -> dict | None:
         from .processes import get_json

@@ -9,6 +9,7 @@ strike long after the group started, or never.
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,17 @@ def _rate(ticks, start: float, end: float) -> float | None:
     if a is None or b is None or end - start < 1.0 or b[0] - a[0] < 1.0:
         return None
     return round((b[1] - a[1]) / (b[0] - a[0]), 3)
+
+
+def _others(cpu, start: float, end: float) -> float | None:
+    """The cores the machine's other processes took between the demo's samples (``cpu``: its
+    ``cpu_ticks``, (t, the machine's busy CPU s, the demo's own processes') at or before
+    ``start`` and ``end``: busy less the demo's own; None where not measured."""
+    i, j = (bisect_right(cpu, t, key=lambda c: c[0]) for t in (start, end))  # a soak's hours of them
+    if not i or not j or cpu[j - 1][0] - cpu[i - 1][0] < 1.0:
+        return None
+    a, b = cpu[i - 1], cpu[j - 1]
+    return round(max(0.0, (b[1] - a[1] - (b[2] - a[2])) / (b[0] - a[0])), 2)
 
 
 def no_baseline(train_start: float | None, faults: list[dict]) -> str | None:
@@ -80,10 +92,11 @@ def _out(t: float, faults: list[dict], groups: int, lighthouse) -> set[int]:
 
 
 def phases(train_start: float | None, end: float, faults: list[dict], groups: int,
-           ticks, lighthouse=()) -> list[dict]:
+           ticks, lighthouse=(), cpu=()) -> list[dict]:
     """Consecutive phases between the scenario's events, with the job's committed step rate;
     ``vs_healthy`` against the first phase unless :func:`no_baseline` says there is none.
-    ``lighthouse``: the demo's log of the Lighthouse's quorums, which says who else is out."""
+    ``lighthouse``: the demo's log of the Lighthouse's quorums, which says who else is out;
+    ``cpu``: the demo's CPU samples, which give ``others_cores`` (:func:`_others`)."""
     if train_start is None:
         return []
     marks: list[tuple[float, str]] = [(train_start, "healthy")]
@@ -108,7 +121,8 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
         a, b = _job_step_at(ticks, start), _job_step_at(ticks, stop)
         out.append({"name": name, "start_s": round(start, 2), "end_s": round(stop, 2),
                     "steps": None if a is None or b is None else b - a,
-                    "step_rate": _rate(ticks, start, stop)})
+                    "step_rate": _rate(ticks, start, stop),
+                    "others_cores": _others(cpu, start, stop)})
     healthy = out[0]["step_rate"] if out and not no_baseline(train_start, faults) else None
     for p in out:
         p["vs_healthy"] = (round(p["step_rate"] / healthy, 2)
@@ -256,7 +270,7 @@ def build_report(demo) -> dict[str, Any]:
     end = demo.ticks[-1][0] if demo.ticks else now
     faults = [dict(f) for f in demo.faults]
     ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks,
-                demo.lighthouse_log)
+                demo.lighthouse_log, getattr(demo, "cpu_ticks", ()))
     healthy = healthy_rate(ph)
     for f, w in zip(faults, recovery.fault_windows(faults, end), strict=True):
         start = f["struck_at_s"]

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .recovery import acted_at, next_fault
+from .recovery import acted_at, next_fault, pace_until
+
+OTHERS_MORE = 0.25  # cores the machine's other processes took more than in the healthy phase
 
 
 def fault_kind(f: dict) -> str:
@@ -70,7 +72,7 @@ def story_lines(rep: dict) -> list[str]:
         if back is not None:
             steps.append(f"back at pace at {back:.1f}s")
         elif not_back := _not_back(rep["faults"], i - 1):
-            steps.append(not_back)
+            steps.append(not_back + _others_then(rep, i - 1))
         out.append(f"fault {i} ({fault_kind(f)}): " + (" -> ".join(steps) or "no step seen")
                    + f"; {f['outcome']}")
     hs = rep.get("hosts") or {}
@@ -136,13 +138,18 @@ def summary_markdown(rep: dict) -> str:
         lines += [f"- {line}" for line in story]
     if any(f.get("stages") for f in rep["faults"]):
         lines += ["", stages_markdown(rep), "", cost_markdown(rep)]
-    lines += ["", "| phase | from | to | steps | steps/s | vs healthy |",
-              "|---|---|---|---|---|---|"]
+    # the machine's other processes: where not measured (not Linux) no column
+    others = any(p.get("others_cores") is not None for p in rep["phases"])
+    lines += ["", "| phase | from | to | steps | steps/s | vs healthy |"
+              + (" others' CPU (cores) |" if others else ""),
+              "|---|---|---|---|---|---|" + ("---|" if others else "")]
     for p in rep["phases"]:
         vs = f"{p['vs_healthy']:.2f}x" if p["vs_healthy"] is not None else none
         rate = f"{p['step_rate']:.2f}" if p["step_rate"] is not None else "—"
         lines.append(f"| {p['name']} | {p['start_s']:.1f}s | {p['end_s']:.1f}s "
-                     f"| {_fmt(p['steps'], '')} | {rate} | {vs} |")
+                     f"| {_fmt(p['steps'], '')} | {rate} | {vs} |"
+                     + (f" {p['others_cores']:.2f} |" if p.get("others_cores") is not None
+                        else " — |" if others else ""))
     return "\n".join(lines)
 
 
@@ -163,6 +170,24 @@ def _not_back(faults: list[dict], k: int) -> str | None:
     nxt = next_fault(faults, k)
     return "not back at pace by the end" if nxt is None else \
         f"not back at pace before fault {nxt + 1} ({acted_at(faults[nxt]):.1f}s)"
+
+
+def _others_then(rep: dict, k: int) -> str:
+    """Fault ``k`` not back at pace: where the machine's other processes took ``OTHERS_MORE``
+    cores more in the phase that judged it (the last before the next fault's onset or the end)
+    than in the healthy phase, a clause that says so: the job's pace is theirs to share."""
+    ph, f = rep.get("phases") or [], rep["faults"][k]
+    onset, end = acted_at(f), (ph[-1]["end_s"] if ph else None)
+    if onset is None or end is None or not ph or ph[0]["name"] != "healthy":
+        return ""
+    until = pace_until(rep["faults"], k, end)
+    last = next((p for p in reversed(ph) if onset <= p["start_s"] < until), None)
+    healthy, then = ph[0].get("others_cores"), last and last.get("others_cores")
+    if healthy is None or then is None or round(then - healthy, 2) < OTHERS_MORE:
+        return ""
+    return (f"; the machine's other processes took {then:.2f} cores then "
+            f"({last['start_s']:.1f}s-{last['end_s']:.1f}s), {healthy:.2f} in the healthy phase: "
+            "the slowdown may be theirs")
 
 
 def _back_cell(faults: list[dict], k: int) -> str:
