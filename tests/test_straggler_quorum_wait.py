@@ -170,3 +170,62 @@ def test_hiccups_of_random_ranks_before_their_quorum_name_no_group(big):
         row["step_s"] += max(stall.values())
 
     assert shaped(5, big, hiccups, sweeps=20, down=set(range(5 * big)) - live, seed=1) == []
+
+
+def every_rank_0(y_of, late: dict[int, tuple[str, float]] | None = None):
+    """Each group's rank 0 does y_of(group, step) of extra host work before its quorum (rank 0
+    logs): the Lighthouse waits for the group with the most this step, so rank 0 of group g
+    computes y_g longer and waits the rest in the quorum, its peers wait all of it there.
+    ``late`` {group: (key, s)}: that group is late as a whole besides, each of its ranks
+    ``s`` longer in ``key`` (``compute_s``: before its quorum; ``wait_group_s``: its own
+    collectives), the others waiting that long at the all_reduce."""
+    late = late or {}
+
+    def tweak(job, r, row, k):
+        ys = [y_of(g, (job.step, k)) for g in range(job.n)]
+        extra = max(late.values(), key=lambda v: v[1], default=(None, 0.0))[1]
+        g = job.group_of(r)
+        y = ys[g] if r % job.ranks == 0 else 0.0
+        row["compute_s"] += y
+        row["wait_cross_s"] += max(ys) - y
+        if g in late:
+            row[late[g][0]] += late[g][1]
+        else:
+            row["wait_cross_s"] += extra
+        row["step_s"] += max(ys) + extra
+
+    return tweak
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_a_rank_every_group_has_holds_no_group_up(seed):
+    """Every group's rank 0 does 0-0.2 s of extra work a step, drawn anew each step (steps of
+    ~0.35 s, threshold 0.1 s): the job waits for a different group each step; by chance one
+    group's rank 0 draws more for a few steps, but no group is slower than another."""
+    rng, drawn = random.Random(seed), {}
+
+    def y_of(g, step):
+        return drawn.setdefault((g, step), rng.uniform(0.0, 0.2))
+
+    assert shaped(4, 2, every_rank_0(y_of), sweeps=80, seed=seed) == []
+
+
+@pytest.mark.parametrize("groups,ranks,old", [(3, 2, [2]), (5, 2, [3, 4]), (4, 4, [2, 3])])
+def test_a_rank_every_group_has_makes_no_group_late_beside_older_servers(groups, ranks, old):
+    """Every group's rank 0 does 0.3 s more a step, and some groups run an older WorkerServer
+    (no ``timing.untimed``): the groups that serve it are not measured apart from the others."""
+    def older(job, r, row, k):
+        if job.group_of(r) in old:
+            job.states[r]["timing"].pop("untimed", None)
+        every_rank_0(lambda g, step: 0.3)(job, r, row, k)
+
+    assert shaped(groups, ranks, older) == []
+
+
+@pytest.mark.parametrize("key", ["compute_s", "wait_group_s"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_group_late_as_a_whole_beside_a_rank_every_group_has_is_named_whole(key, ranks):
+    """Every group's rank 0 does 0.15 s more a step, and group SLOW is late as a whole by
+    EXTRA_S: the group is found and every rank of it named, not its rank 0."""
+    tweak = every_rank_0(lambda g, step: 0.15, late={SLOW: (key, EXTRA_S)})
+    assert shaped(3, ranks, tweak) == [(SLOW, list(range(SLOW * ranks, (SLOW + 1) * ranks)))]
