@@ -33,8 +33,9 @@ class TreeCpu:
     processes took is the difference of their deltas. A process is placed in or out of the tree
     when first seen (its parent's place), and one gone keeps its last figure: the tree's sum
     never falls (a child's reaped time in its parent's cutime would count it twice; one that
-    starts and ends between two samples is missed). A sample reads ``/proc/stat``, the list of ``/proc`` and the stat of each tree process and each new
-    one. Linux only: elsewhere :meth:`sample` is None."""
+    starts and ends between two samples is missed). A sample reads ``/proc/stat``, the list of
+    ``/proc`` and the stat of each tree process and each new one. Linux only: elsewhere
+    :meth:`sample` is None."""
 
     def __init__(self, root: int) -> None:
         self.root = root
