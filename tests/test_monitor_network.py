@@ -400,6 +400,19 @@ def test_job_slow_is_first_seen_when_its_first_slow_step_began(driver):
     assert f.first_seen == pytest.approx(healthy_until, abs=0.35), f.first_seen - healthy_until
 
 
+def test_a_slowdown_just_under_the_factor_does_not_become_the_baseline(driver):
+    """The job 1.45x slower in its collectives for long (under --job-slow-factor 1.5: no
+    finding), then 2x: job_slow against the healthy baseline, not against the 1.45x."""
+    d = driver
+    d.sweeps(BASELINE_SWEEPS)
+    d.sweeps(70, wait_cross_s=0.105)  # 0.275 s steps against 0.19: more than 30 windows
+    assert d.open_kinds() == []
+    assert d.mon.detectors.jobwide.baseline_medians()[0] == pytest.approx(0.19, rel=0.1)
+    d.sweeps(4, wait_cross_s=0.21)  # 0.38 s: 2x the healthy step, 1.4x the slower one
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_slow" and f.evidence["ratio"] > 1.8
+
+
 def test_slower_compute_is_not_job_slow(driver):
     """Every rank computing longer (a bigger batch, a throttled device) is not a network
     fault: the time did not go into the collectives."""

@@ -475,7 +475,9 @@ class JobWide:
             if key in self.findings.open:
                 if ratio is not None and ratio <= (1 + factor) / 2:
                     self.findings.resolve(key, "back_at_pace", now)
-            elif (ratio is None or ratio <= factor) and not late \
+            # learned only at pace (half way to the factor, as back_at_pace): a slowdown just
+            # under the factor would else become the norm a later one is held against
+            elif (ratio is None or ratio <= (1 + factor) / 2) and not late \
                     and ("job_stall", None, None) not in self.findings.open \
                     and (self._baseline_newest is None or w.first > self._baseline_newest):
                 # disjoint windows only: each a sample of its own steps
