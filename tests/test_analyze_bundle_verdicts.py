@@ -96,6 +96,30 @@ def test_a_lag_naming_the_culprit_agrees_with_the_monitor(tmp_path, capsys):
     assert "; the analysis agrees\n" in text and "[lag] rank 1 behind rank 0" in text
 
 
+def test_a_straggler_late_only_at_the_cross_group_step_on_own_hosts_is_unchecked(tmp_path, capsys):
+    """Three groups of two ranks, each group on a host of its own; rank 3 (group 1) 400 ms late
+    into every cross-group all_reduce only, as the monitor saw (its peer waits in torchft's
+    commit vote, which no dump records). Its in-group collectives were timed, in step; its
+    cross-group ones cannot be (each of their ranks on another host, gloo: no durations): the
+    bundle said "the analysis does not name them" of a right eviction."""
+    job = FRJob(6, flavour="gloo", replica_group_size=2, compute_ms=120.0, seed=2,
+                hosts={r: f"h{r // 2}" for r in range(6)})
+    job.quorum(1, [0, 1, 2])
+    for i in range(30):
+        for g in range(3):  # group rank 0 waited for group rank 1 in the unrecorded vote
+            job.collective("0", "all_gather", [[1000]], members=[2 * g, 2 * g + 1],
+                           delay_ms={2 * g: 400.0} if i else None)
+        job.ft_collective("all_reduce", [[1000]], delay_ms={3: 400.0})
+    finding = {"ranks": [3], "evidence": {"summary": "the other groups wait for replica group 1 at "
+                                                     "the cross-group step"}}
+    code, report, _, text = run(capsys, bundle(tmp_path / "s", "straggler", [3], job.dumps(), finding))
+    [b] = report["bundles"]
+    assert (b["analysis_agrees"], b["unchecked"], code) == (None, True, 0), b
+    assert "these dumps cannot check it: the monitor timed rank(s) 3 late at the cross-group step, and " \
+           "no cross-group collective of theirs could be timed against another group's" in text, text
+    assert "does not name" not in text
+
+
 def cross_hang(ranks: int) -> FRJob:
     """Rank 2 never enters torchft's collective seq 11 the others wait in."""
     job = FRJob(ranks, flavour="gloo", replica_group_size=1, hosts=dict.fromkeys(range(ranks), "vm"))

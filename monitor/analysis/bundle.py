@@ -172,15 +172,17 @@ def _finding(data: bytes) -> dict[str, Any] | None:
 def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
                     finding: dict[str, Any] | None = None, analyzed: bool = True,
                     compared: set[int] | None = None, lags: list[dict[str, Any]] | None = None,
-                    read: set[int] | None = None) -> dict[str, Any]:
+                    read: set[int] | None = None,
+                    across: set[int] | None = None) -> dict[str, Any]:
     """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``.
     ``analysis_agrees``: the named ranks are some finding's culprits (:func:`_named`), or all
     findings' together (a cross-group hang is one finding per torchft group), or a named
     straggler some ``lags`` entry's; None when none are named, no dump was ``analyzed``, the kind
     does not show in a dump (``flight_recorder_shows``), or the dumps cannot check it
     (``unchecked``, ``unchecked_why``): a named rank's dump not ``read``, none of a hang's waiting
-    ranks' either, a mismatch with no other rank's dump, a quorum-level hang where no hang shows, or a
-    named straggler not ``compared`` with a peer over enough collectives."""
+    ranks' either, a mismatch with no other rank's dump, a quorum-level hang where no hang shows, a
+    named straggler not ``compared`` with a peer over enough collectives, or the monitor's own
+    (late at the cross-group step) not compared ``across`` groups."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
     kind = manifest.get("kind")
@@ -190,7 +192,8 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
     agrees = set(named) in [*culprits, set().union(*culprits)] if named and shows and analyzed \
         else None
     hung = any(f.get("kind") == "hang" for f in findings)
-    why = _unchecked(kind, named, finding, compared, read, hung) if agrees is False else None
+    why = _unchecked(kind, named, finding, compared, read, hung, across) if agrees is False \
+        else None
     if why:  # neither confirmed nor denied
         agrees = None
     ev = (finding or {}).get("evidence")
@@ -217,7 +220,7 @@ def onset_ns(manifest: dict[str, Any], finding: dict[str, Any] | None) -> int | 
 
 
 def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, compared: set[int] | None,
-               read: set[int] | None, hung: bool) -> str | None:
+               read: set[int] | None, hung: bool, across: set[int] | None = None) -> str | None:
     """Why the dumps cannot check what the monitor named, or None when they can."""
     spans = ", ".join(map(str, named))
     if read is not None and not set(named) <= read:
@@ -239,6 +242,12 @@ def _unchecked(kind: Any, named: list[int], finding: dict[str, Any] | None, comp
             f" since the finding's onset: fewer than {StragglerConfig.min_collectives} collectives (a group "
             f"judged per position in its step: whole steps), or (two ranks compared) fewer than "
             f"{StragglerConfig.pair_windows} whole steps" if since else "")
+    # the monitor's own straggler is late at the cross-group step: an in-group check clears nothing
+    if kind == "straggler" and across is not None and not set(named) <= across \
+            and not (isinstance(ev, dict) and ev.get("source") == "flight_recorder"):
+        return (f"the monitor timed rank(s) {spans} late at the cross-group step, and no "
+                f"cross-group collective of theirs could be timed against another group's (the "
+                f"notes say why)")
     return None
 
 

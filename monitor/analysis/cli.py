@@ -122,7 +122,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         # dumps that recorded nothing (recorder off, no collective yet) can check nothing
         checked = bool(result.ranks) and not nothing_recorded(loaded.traces)
         report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding, checked,
-                                             result.compared, report["lags"], set(result.ranks))
+                                             result.compared, report["lags"], set(result.ranks),
+                                             result.compared_across)
                              for b in inputs.bundles]
     if args.format == "json":
         json.dump(report, out, indent=2)

@@ -86,7 +86,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
                          f"{', ...' if len(groups) > 5 else ''}): " + UNCHECKED[why])
     return AnalysisResult(ranks=sorted(traces), unknown_ranks=sorted(unknown), findings=findings,
                           errors=errors, last_seq=last_seq, lags=lags, notes=notes,
-                          compared=evidence.compared)
+                          compared=evidence.compared, compared_across=evidence.compared_across)
 
 
 def nothing_recorded(traces: Mapping[int, RankTrace]) -> bool:

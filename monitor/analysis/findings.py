@@ -114,6 +114,7 @@ class AnalysisResult:
     lags: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
     compared: set[int] = field(default_factory=set)  # ranks the straggler check could time
+    compared_across: set[int] | None = None  # ... in a torchft cross-group group (None: none)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": list(self.ranks), "unknown_ranks": list(self.unknown_ranks), "errors": list(self.errors),

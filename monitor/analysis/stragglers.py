@@ -66,10 +66,14 @@ class StragglerEvidence:
         # and groups whose every rank is on a host of its own
         self.unchecked: dict[str, list[GroupKey]] = {"no_host": [], "own_hosts": []}
         self.compared: set[int] = set()  # ranks whose arrivals were set against a peer's
+        # ... in a torchft cross-group group; None while the dumps showed none
+        self.compared_across: set[int] | None = None
 
     def add(self, key: GroupKey, members: list[int], rows: Mapping[int, GroupTrace], same_host: bool,
             config: StragglerConfig) -> None:
         """Tally one group whose every member has a dump (``rows``: each member's trace of it)."""
+        if key.quorum_id is not None and self.compared_across is None:
+            self.compared_across = set()
         lo = max(t.first_seq for t in rows.values())
         if config.since_ns is not None:
             lo = max(lo, *(_first_since(rows[r], config.since_ns) for r in members))
@@ -157,11 +161,16 @@ class StragglerEvidence:
             gaps = [sum(gaps[i:i + step]) for i in range(0, len(gaps) - step + 1, step)]
         gaps = [g for g in gaps if g == g]  # NaN: a collective without evidence
         if whole and len(gaps) * step >= config.min_collectives:
-            self.compared.update(ranks)
+            self._compared(key, ranks)
         if gaps:
             pair = (key, (ranks[0], ranks[1]))
             self.pairs.setdefault(pair, []).extend(gaps)
             self.pair_kind[pair] = (kind, step)
+
+    def _compared(self, key: GroupKey, ranks: list[int]) -> None:
+        self.compared.update(ranks)
+        if key.quorum_id is not None and self.compared_across is not None:
+            self.compared_across.update(ranks)
 
     def _tally(self, cls: Class, ranks: list[int], cols: Any, kind: str, config: StragglerConfig,
                compare: bool = True) -> None:
@@ -197,7 +206,7 @@ class StragglerEvidence:
         if not used:
             return
         if compare and used >= config.min_collectives:  # fewer time no one (a bundle's few since its onset)
-            self.compared.update(ranks)
+            self._compared(cls[0], ranks)
         group = self.tallies.setdefault(cls, {})
         for i, r in enumerate(ranks):
             t = group.setdefault(r, _Tally(kind))
