@@ -145,9 +145,14 @@ def attributed_fault(d: dict, faults: list[dict], end: float) -> int | None:
 
 
 def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
-               faults: list[dict] | None = None, end: float = float("inf")) -> list[dict]:
-    """Every finding the monitor confirmed, with the culprits it named and the fault it is
-    attributed to (``fault``: 1-based index into ``faults``, null when no fault explains it)."""
+               faults: list[dict] | None = None, end: float = float("inf"),
+               incidents: list[dict] | None = None) -> list[dict]:
+    """Every finding the monitor confirmed, with the culprits it named, the fault it is
+    attributed to (``fault``: 1-based index into ``faults``, null when no fault explains it)
+    and its bundle: its eviction's, else one the goodput ``incidents`` list for it (a finding
+    confirmed but not evicted, a dry run: its confirmation's)."""
+    by_finding = {fid: i["bundles"][0] for i in incidents or [] if i.get("bundles")
+                  for fid in i.get("finding_ids") or []}
     out = []
     for f in findings:
         if not f.get("confirmed_at"):
@@ -161,7 +166,8 @@ def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
              "ranks": f.get("ranks"), "culprit_ranks": culprit_ranks,
              "culprit_hosts": culprit_hosts, "replica_id": f.get("replica_id"),
              "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev),
-             "bundle": next((e["bundle"] for e in ev if e.get("bundle")), None)}
+             "bundle": next((e["bundle"] for e in ev if e.get("bundle")),
+                            by_finding.get(f.get("id")))}
         d["fault"] = attributed_fault(d, faults or [], end)
         out.append(d)
     return sorted(out, key=lambda d: d["at_s"])
@@ -302,7 +308,9 @@ def build_report(demo) -> dict[str, Any]:
         "outcome": ("interrupted" if demo.interrupted else "error" if demo.error else "completed"),
         "error": demo.error,
         "faults": faults,
-        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, now),
+        "detections": [{**d, "bundle_file": bundle_file(demo.dir, d["bundle"])} for d in
+                       detections(demo.findings, demo.evictions, demo.t0_unix, faults, now,
+                                  (demo.goodput or {}).get("incidents"))],
         "evictions": evictions,
         "restarts": [{"replica_group": e["replica_group"], "at_s": e["t"]}
                      for e in demo.events if e["kind"] == "restarted"],

@@ -22,7 +22,7 @@ def where(f: dict) -> str:
 
 
 def bundle_link(e: dict) -> str:
-    """A markdown link to an eviction's bundle, or the reason there is none."""
+    """A markdown link to an eviction's (a detection's) bundle, or the reason there is none."""
     if e.get("bundle_file"):
         return f"[{e['bundle']}]({e['bundle_file']})"
     return f"`{e['bundle']}` (not in the report folder)" if e.get("bundle") else "none kept"
@@ -285,14 +285,15 @@ def markdown(rep: dict) -> str:
             + " Times are seconds since the demo started.", "",
             "## Faults and phases", "", summary_markdown(rep), "",
             "## Detections", "",
-            "| at | kind | group | ranks | culprit | evicted | explained by |",
-            "|---|---|---|---|---|---|---|"]
+            "| at | kind | group | ranks | culprit | evicted | explained by | incident bundle |",
+            "|---|---|---|---|---|---|---|---|"]
     for d in rep["detections"]:
         group = "job-wide" if d["replica_group"] is None else d["replica_group"]
         head.append(f"| {d['at_s']:.1f}s | {d['kind']} | {group} | {d['ranks'] or '—'} "
                     f"| {_culprit(d) if d.get('culprit_ranks') else '—'} "
                     f"| {'yes' if d['evicted'] else 'no'} "
-                    f"| {'fault ' + str(d['fault']) if d.get('fault') else 'no fault'} |")
+                    f"| {'fault ' + str(d['fault']) if d.get('fault') else 'no fault'} "
+                    f"| {bundle_link(d)} |")
     kills = [e for e in rep["evictions"] if e["decision"] == "evict"]
     if kills:
         head += ["", "## Evictions and their evidence", "",

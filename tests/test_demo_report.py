@@ -133,3 +133,24 @@ def test_the_steps_short_of_pace_and_the_costs_job_steps_say_what_they_count():
     assert "steps lost" not in text
     assert "| steps behind pace |" in text and "| 0 | detected, not evicted |" in text
     assert "63.8 replica-s, 88.0 job steps of capacity (stall 9.0)" in text
+
+
+def test_a_detection_not_evicted_links_its_confirmation_bundle():
+    """A dry run holds every eviction: the findings' bundles were kept at confirmation and the
+    goodput incidents list them; the report linked none (only evictions carried a bundle)."""
+    from lightkeeper.report import detections
+
+    findings = [{"id": 7, "kind": "hang", "replica_group": 2, "replica_id": "r2", "ranks": [5],
+                 "confirmed_at": 1010.0, "evidence": {}},
+                {"id": 8, "kind": "straggler", "replica_group": 1, "replica_id": "r1",
+                 "ranks": [3], "confirmed_at": 1020.0, "evidence": {}}]
+    holds = [{"decision": "hold", "reason": "dry_run", "replica_group": 2, "replica_id": "r2",
+              "at": 1010.1, "bundle": None},
+             {"decision": "evict", "reason": "straggler", "replica_group": 1,
+              "replica_id": "r1", "at": 1020.1, "bundle": "b-evict"}]
+    incidents = [{"finding_ids": [7], "bundles": ["b-confirm"]},
+                 {"finding_ids": [8], "bundles": ["b-other"]}]
+    got = detections(findings, holds, 1000.0, incidents=incidents)
+    assert [(d["kind"], d["evicted"], d["bundle"]) for d in got] == [
+        ("hang", False, "b-confirm"), ("straggler", True, "b-evict")]
+    assert [d["bundle"] for d in detections(findings, holds, 1000.0)] == [None, "b-evict"]
