@@ -413,9 +413,11 @@ def test_analyze_reads_a_bundle_and_names_the_monitors_culprit(tmp_path, capsys)
     assert [f["culprit_ranks"] for f in report["findings"]] == [[1]]
     [b] = report["bundles"]
     assert (b["id"], b["culprit_ranks"], b["analysis_agrees"]) == (got["id"], [1], True)
+    [host] = b["culprit_hosts"]  # the on-call reads where, not only which rank
     main(["analyze", path])
     out = capsys.readouterr().out
-    assert f"incident bundle {got['id']}: the monitor named rank(s) 1 of replica group 1" in out
+    assert f"incident bundle {got['id']}: the monitor named rank(s) 1 on {host} of replica group 1" \
+        in out
     assert "the analysis agrees" in out
     # unpacked by hand, the folder is a bundle too
     with tarfile.open(path) as tar:

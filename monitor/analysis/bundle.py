@@ -201,6 +201,7 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
     return {"id": manifest.get("id"), "trigger": manifest.get("trigger"),
             "kind": kind, "replica_group": manifest.get("replica_group"),
             "replica_id": manifest.get("replica_id"), "culprit_ranks": named,
+            "culprit_hosts": [h for h in manifest.get("culprit_hosts") or [] if isinstance(h, str)],
             "decision": decision.get("decision"), "decision_id": decision.get("id"),
             "not_fetched": [r for r in manifest.get("ranks") or []
                             if r.get("fr_trace") != "ok" or r.get("stacks") != "ok"],

@@ -305,6 +305,8 @@ def format_text(report: dict[str, Any]) -> str:
             agrees = f"a {b['kind']} fault does not show in Flight Recorder dumps"
         if b.get("unchecked"):
             agrees = f"these dumps cannot check it: {b.get('unchecked_why')}"
+        hosts = ", ".join(dict.fromkeys(b.get("culprit_hosts") or []))
+        named += f" on {hosts}" if hosts else ""
         lines.append(f"incident bundle {b['id']}: the monitor named rank(s) {named} of replica group {b['replica_group']} "
                      f"({b['kind']}, {when}){'; ' + agrees if agrees else ''}")
         if b.get("summary"):
