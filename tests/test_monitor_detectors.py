@@ -64,8 +64,7 @@ class Job:
             s = rank_state(r, r // ranks, participants=groups, quorum_id=3, step=0, now=T0)
             s.update(group_rank=r % ranks, group_world_size=ranks, host=hosts[r],
                      local_rank=r % ranks, timing={"recent": [], "waiting": None,
-                                                   "last_step": None, "window": None,
-                                                   "clock": "host", "untimed": []})
+                                                   "last_step": None, "window": None})
             self.states.append(s)
         self.vb = ViewBuilder()
         self.targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(self.world)]

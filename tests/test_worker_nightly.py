@@ -256,8 +256,6 @@ def test_start_with_a_manager_it_does_not_know_serves_the_rest(broken, capsys):
         state = requests.get(server.url + "/v1/state", timeout=5).json()
         assert state["replica_group"] == 1
         assert state["commits"] == 1 and state["phase"] == "optimizer"
-        # what goes untimed is served: the monitor then does not read a low wait as a fast rank
-        assert state["timing"]["untimed"] == (["allreduce"] if broken == "no allreduce" else [])
     finally:
         server.stop()
 

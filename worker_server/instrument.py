@@ -166,14 +166,11 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         quietly(committed, ran_as, ok)
         return ok
 
-    untimed = []
     for wrap in (start_quorum, wait_quorum, allreduce, should_commit):
         try:
             _wrap_method(manager, wrap, own)
         except Exception as e:
             missing.append(f"{wrap.__name__} ({type(e).__name__}: {e})")
-            untimed.append(wrap.__name__)
-    timer.untimed = untimed
     if missing:
         say(f"WorkerServer: cannot instrument {', '.join(missing)} of this torchft Manager "
             f"(torchft {library_versions()[1]}; supported: 0.2.x and nightly); the rest is "

@@ -150,9 +150,6 @@ class StepTimer:
             self._device = device or None
         self._spans: list[tuple[str, object, object]] = []
         self.clock = "host"
-        # the Manager calls whose waits go untimed ([]: every one is timed; None: no Manager
-        # was instrumented): the monitor trusts a rank's low waits only when it times them all
-        self.untimed: list[str] | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
         self._step_began: float | None = None
@@ -246,14 +243,13 @@ class StepTimer:
             "scope": current[0], "seconds": max(0.0, now - current[1])}
         if not recent:
             return {"last_step": None, "window": None, "waiting": waiting, "recent": [],
-                    "clock": self.clock, "untimed": self.untimed}
+                    "clock": self.clock}
         last = recent[-self._window:]
         window: dict[str, float | int] = {"steps": len(last)}
         for key in ("step_s", "compute_s", "wait_cross_s", "wait_group_s"):
             window[key] = statistics.median(getattr(t, key) for t in last)
         return {"last_step": asdict(recent[-1]), "window": window, "waiting": waiting,
-                "recent": [asdict(t) for t in recent], "clock": self.clock,
-                "untimed": self.untimed}
+                "recent": [asdict(t) for t in recent], "clock": self.clock}
 
 
 class _Wait:

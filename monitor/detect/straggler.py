@@ -251,8 +251,8 @@ class Straggler:
         steps_s = np.median(timings[:, :, STEP_S], axis=0)
         # the cross-group all_reduce keeps a quorum's groups in lockstep: no rank waits there
         # longer than the ranks' median step less its own compute; one serving more is cut
-        lockstep = np.maximum(steps_s - timings[:, :, COMPUTE_S], 0.0)
-        waits = np.minimum(timings[:, :, WAIT_CROSS_S], lockstep)
+        waits = np.minimum(timings[:, :, WAIT_CROSS_S],
+                           np.maximum(steps_s - timings[:, :, COMPUTE_S], 0.0))
         cross = np.maximum.reduceat(waits, starts, axis=0)
         cut_s = np.median(timings[:, :, WAIT_CROSS_S] - waits, axis=1)  # per polled rank
         med_step = float(np.median(timings[:, :, STEP_S]))
@@ -262,10 +262,6 @@ class Straggler:
                                   axis=0)
         floor = self.lag_floor = lag_floor(self.cfg.straggler_min_lag_s, own)
         threshold = max(floor, self.cfg.straggler_rel_lag * med_step)
-        trusted = [fully_timed(members[g]) for g in order]
-        holders = quorum_holders(timings, lockstep, starts, trusted, threshold)
-        for i, (_, total) in holders.items():
-            cross[i] = np.minimum(cross[i], total)  # the others waited no longer than it did
         need = math.ceil(0.75 * len(window))
         lags, candidates, healthy = straggler_lags(cross, threshold, need)
         med_lags = np.median(lags, axis=1)
@@ -303,8 +299,7 @@ class Straggler:
                 continue
             # in the group's order of ranks, as its evidence lists them
             rows = sorted(members[g], key=lambda m: rank_order(m[0]))
-            holder = members[g][holders[i][0] - starts[i]][0] if i in holders else None
-            ranks, in_group = self._late_ranks(rows, window, threshold, holder)
+            ranks, in_group = self._late_ranks(rows, window, threshold)
             against = healthy if i in candidates and healthy else [
                 j for j in range(len(order)) if j != i]
             ev = {"summary": f"the other groups wait for replica group {g} at the cross-group "
@@ -375,8 +370,7 @@ class Straggler:
         return [i for i, g in enumerate(order) if i in late or g in known]
 
     def _late_ranks(self, rows: list[tuple[RankView, int, Any]], window: list[int],
-                    threshold: float, holder: RankView | None = None
-                    ) -> tuple[list[int], dict[str, Any]]:
+                    threshold: float) -> tuple[list[int], dict[str, Any]]:
         keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
                 ("wait_cross_s", WAIT_CROSS_S))
         ranked = [(r.rank, slot) for r, slot, _ in rows if r.rank is not None]
@@ -389,47 +383,8 @@ class Straggler:
                 and statistics.median(v for k, v in waits.items() if k != rank) - w >= threshold]
         verdict = ("the rank(s) its peers wait for inside the group" if late else
                    "no rank stands out: the whole group is late")
-        if holder is not None and holder.rank is not None and not late:
-            late = [holder.rank]
-            verdict = ("the rank its peers wait for: it computes longer a step, and they wait "
-                       "for it in torchft's quorum")
         info = {"verdict": verdict, "ranks": {str(k): v for k, v in sorted(per_rank.items())}}
         return sorted(late) if late else sorted(per_rank), info
-
-
-def fully_timed(members: list[tuple[RankView, int, Any]]) -> bool:
-    """Every rank times every wait of torchft's Manager, on one kind of clock: only then does
-    one rank's low wait say its peers waited for it, not that its wait went unmeasured."""
-    clocks = set()
-    for r, _, _ in members:
-        t = r.state.get("timing") if r.state else None
-        if type(t) is not dict or t.get("untimed") != []:
-            return False
-        clocks.add(t.get("clock"))
-    return len(clocks) == 1
-
-
-def quorum_holders(timings: np.ndarray, lockstep: np.ndarray, starts: list[int],
-                   trusted: list[bool], threshold: float) -> dict[int, tuple[int, np.ndarray]]:
-    """Per group position: (its rank row the others wait for in torchft's quorum, that rank's
-    waits in all per step). torchft's Manager asks the Lighthouse once every rank of its group
-    called quorum, so a rank slow before it keeps its peers waiting there, timed as cross-group
-    wait like every other group's. Such a rank waits least of its group in the window's median
-    and computes longer by as much, each by ``threshold``; one rank's hiccups now and then (a
-    data loader) move neither median. Only ``trusted`` groups (:func:`fully_timed`)."""
-    total = np.minimum(timings[:, :, WAIT_CROSS_S] + timings[:, :, WAIT_GROUP_S], lockstep)
-    med_total = np.median(total, axis=1)
-    med_compute = np.median(timings[:, :, COMPUTE_S], axis=1)
-    out = {}
-    for i, (a, b) in enumerate(zip(starts, [*starts[1:], len(timings)], strict=True)):
-        if b - a < 2 or not trusted[i]:
-            continue
-        c = a + int(np.argmin(med_total[a:b]))
-        rest = [j for j in range(a, b) if j != c]
-        if np.median(med_total[rest]) - med_total[c] >= threshold \
-                and med_compute[c] - np.median(med_compute[rest]) >= threshold:
-            out[i] = (c, total[c])
-    return out
 
 
 def quorum_size(view: ClusterView, dead_sweeps: int, timed: bool = False) -> int:

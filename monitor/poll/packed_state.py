@@ -63,7 +63,6 @@ class _Timing(TypedDict, total=False):
              | Annotated[str, msgspec.Meta(max_length=_b64_chars(TIMING_ROWS * TIMING_ROW.size))])
     since: int
     clock: _Name
-    untimed: Annotated[list[_Name], msgspec.Meta(max_length=_SHOWN)] | None
 
 
 class _Device(TypedDict, total=False):
