@@ -838,6 +838,8 @@ def test_a_network_finding_evicts_its_group_and_quarantines_its_host(probing):
     assert ev["finding"]["evidence"]["host"] == "h2"
     assert d.mon.hosts.quarantined() == ["h2"]
     assert d.mon.hosts.hosts["h2"]["kind"] == "network"
+    # quarantined in the sweep before the kill: the audit row says so, as the release to do
+    assert "; host(s) h2 quarantined (POST /v1/hosts/<host>/release)" in ev["detail"], ev["detail"]
     # no round started with the evicted group's ranks (they are ending: a round counting on
     # them would find a host's row missing and say so); the next one asks the hosts left
     assert d.mon.probes.wait(10)

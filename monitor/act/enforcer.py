@@ -366,6 +366,7 @@ class Enforcer(HostSide, Confirmations):
         result = self.lighthouse.kill(replica_id)
         note = f"; evidence kept in bundle {bundle['id']} ({bundle['seconds']:.2f}s)" \
             if bundle else ""
+        note += _quarantined_note(finding, self.hosts.quarantined())
         try:  # unwritten (a full disk), the store keeps the outcome and writes it later
             self.store.update_decision(did, status="sent" if result.sent else "failed",
                                        http_status=result.http_status,
@@ -380,6 +381,16 @@ class Enforcer(HostSide, Confirmations):
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
         return {"id": did, "decision": "evict", "reason": reason, "sent": result.sent,
                 "detail": result.detail, "bundle": bundle["id"] if bundle else None}
+
+
+def _quarantined_note(finding: dict[str, Any] | None, quarantined: list[str]) -> str:
+    """The culprit hosts already quarantined (this sweep, before the kill): the audit row is
+    where an on-call reads what to release."""
+    ev = (finding or {}).get("evidence")
+    hosts = ev.get("culprit_hosts") if isinstance(ev, dict) else None
+    held = [h for h in dict.fromkeys(hosts or []) if h in quarantined]
+    return f"; host(s) {', '.join(held)} quarantined (POST /v1/hosts/<host>/release)" \
+        if held else ""
 
 
 def _base(replica_id: str) -> str | None:
