@@ -12,9 +12,11 @@ driven by the test, one per simulated second on the monitor's injected clock.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import sqlite3
+import tarfile
 import time
 
 import pytest
@@ -840,6 +842,13 @@ def test_a_network_finding_evicts_its_group_and_quarantines_its_host(probing):
     assert d.mon.hosts.hosts["h2"]["kind"] == "network"
     # quarantined in the sweep before the kill: the audit row says so, as the release to do
     assert "; host(s) h2 quarantined (POST /v1/hosts/<host>/release)" in ev["detail"], ev["detail"]
+    # the bundle holds the job-wide finding that came first, with its evidence, not the trigger
+    # twice
+    with tarfile.open(d.mon.bundles.store.path(ev["bundle"])) as tar:
+        kept = json.load(tar.extractfile(f"{ev['bundle']}/findings.json"))
+    assert kept["finding"]["kind"] == "network"
+    assert [f["kind"] for f in kept["related"]] == ["job_slow"], kept["related"]
+    assert kept["related"][0]["evidence"]["summary"]
     # no round started with the evicted group's ranks (they are ending: a round counting on
     # them would find a host's row missing and say so); the next one asks the hosts left
     assert d.mon.probes.wait(10)

@@ -245,7 +245,7 @@ class Enforcer(HostSide, Confirmations):
             fid = self.finding_id(f.key)
             if fid not in bundled and f.replica_id not in killed:
                 self.bundles.capture_later("confirm", view, evidence, f.to_dict(), fid,
-                                           self._related(f.replica_group))
+                                           self._related(f.replica_group, fid))
 
     def keep_bundle(self, view: ClusterView | None, evidence: ClusterView | None,
                     finding: dict[str, Any] | None, finding_id: int | None,
@@ -255,7 +255,7 @@ class Enforcer(HostSide, Confirmations):
         if not self.bundles.enabled or view is None:
             return None
         bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
-                                      self._related(decision["replica_group"]))
+                                      self._related(decision["replica_group"], finding_id))
         if bundle is not None:
             if finding_id is not None:
                 self._bundled.add(finding_id)
@@ -263,9 +263,11 @@ class Enforcer(HostSide, Confirmations):
                 self._bundled_rids.add(decision["replica_id"])
         return bundle
 
-    def _related(self, group: int | None) -> list[dict[str, Any]]:
-        """The group's open findings with their evidence (the bundle's ``findings.json``)."""
-        return [f for f in self.open_findings() if f["replica_group"] == group]
+    def _related(self, group: int | None, finding_id: int | None) -> list[dict[str, Any]]:
+        """The group's other open findings and the job-wide ones (a stall that came first),
+        with their evidence (the bundle's ``findings.json``)."""
+        return [f for f in self.open_findings() if f["replica_group"] in (group, None)
+                and (f["id"] != finding_id or finding_id is None)]
 
     def close(self) -> None:
         """Let a sink action or a bundle under way finish (bounded)."""
