@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .recovery import acted_at, next_fault, pace_until
@@ -160,6 +161,14 @@ def _back_at(f: dict) -> float | None:
         else st.get("back_at_pace")
 
 
+def _started(rep: dict) -> str:
+    """When, in UTC: bundles, the audit log and the API date everything so."""
+    t = rep.get("started_at_unix")
+    if not isinstance(t, int | float):
+        return ""
+    return f" ({datetime.fromtimestamp(t, UTC):%Y-%m-%dT%H:%M:%SZ})"
+
+
 def _not_back(faults: list[dict], k: int) -> str | None:
     """Fault ``k`` evicted and neither measure saw the job back at pace (nor settled) before the
     next fault's onset or the end; None otherwise."""
@@ -282,7 +291,7 @@ def markdown(rep: dict) -> str:
             + f"; {rep['duration_s']:.0f} s; outcome: {rep['outcome']}"
             + (f" ({rep['error']})" if rep["error"] else "") + ".",
             _healthy_line(rep["healthy_step_rate"], rep.get("no_baseline"))
-            + " Times are seconds since the demo started.", "",
+            + " Times are seconds since the demo started" + _started(rep) + ".", "",
             "## Faults and phases", "", summary_markdown(rep), "",
             "## Detections", "",
             "| at | kind | group | ranks | culprit | evicted | explained by | incident bundle |",

@@ -103,6 +103,8 @@ def test_a_report_without_its_picture_says_why_and_names_no_png(tmp_path, monkey
     assert "No timeline picture: ImportError: No module named 'matplotlib'" in md
     assert "timeline.png" not in md and not (tmp_path / "timeline.png").exists()
     assert "matplotlib" in (tmp_path / "timeline.error.txt").read_text()
+    # the start in UTC, as bundles and the audit log date everything (the on-call lines them up)
+    assert "Times are seconds since the demo started (1970-01-01T00:00:00Z)." in md
 
 
 def test_final_steps_takes_a_groups_furthest_rank_at_its_last_look():
