@@ -118,7 +118,8 @@ class Monitor:
         self.hosts.sender = monitor_identity(
             self.store.identity(), None if cfg.shard is None or cfg.shard.index is None
             else f"{cfg.shard.index}/{cfg.shard.shards}")
-        self.bundles = Bundles(cfg, self.store, clock, lambda: self.torch_ranks.dumps)
+        self.bundles = Bundles(cfg, self.store, clock, lambda: self.torch_ranks.dumps,
+                               lambda: (self.lighthouse_status, self.lighthouse_error))
         self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,
                                  self.lh_settings, self.metrics, self.blind_reason, clock,
                                  self.bundles)

@@ -103,6 +103,9 @@ def test_manifest_names_what_could_not_be_fetched_and_the_wait_is_bounded(tmp_pa
         assert json.loads(files["findings.json"])["finding"]["id"] == 7
         view_doc = json.loads(files["view.json"])
         assert [g["replica_group"] for g in view_doc["groups"]] == [0, 1, 2, 3]
+        # no Lighthouse status given: said, never an empty quorum
+        assert view_doc["lighthouse"] == {"error": "not read"}
+        assert all(g["heartbeat_age_s"] is None for g in view_doc["groups"])
         assert row["summary"]["ranks_complete"] == 2 and len(row["summary"]["not_fetched"]) == 2
     finally:
         bundles.close()
@@ -564,6 +567,14 @@ def test_manual_eviction_bundle_listed_downloadable_and_linked(tmp_path, job):
         m = json.loads(members(str(saved))["manifest.json"])
         assert m["decision"]["id"] == d["id"] and m["decision"]["status"] == "sending"
         assert sorted(r["rank"] for r in m["ranks"]) == [0, 1, 2]  # the group and its peers
+        # the Lighthouse as the monitor last read it: whether torchft still heard the group
+        view_doc = json.loads(members(str(saved))["view.json"])
+        lh = view_doc["lighthouse"]
+        assert lh["error"] is None and lh["quorum_id"] is not None
+        assert set(lh["members"]) == set(lh["heartbeat_age_s"]) == set(job.replica_ids.values())
+        [g1] = [g for g in view_doc["groups"] if g["replica_group"] == 1]
+        assert g1["replica_id"] == job.replica_ids[1]
+        assert 0 <= g1["heartbeat_age_s"] < 2.0  # heartbeats every 0.2 s; the timeout is 2 s
         for bad in ("nope", "..%2Fstate.sqlite", "..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd"):
             resp = requests.get(f"{mon.url}/v1/incidents/{bad}/bundle", timeout=5)
             assert resp.status_code == 404, bad

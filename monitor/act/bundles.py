@@ -76,9 +76,14 @@ def _torch_only(r: Any) -> bool:
     return isinstance(r.state, dict) and "torch_only" in r.state
 
 
-def view_json(view: ClusterView, evidence: ClusterView | None) -> dict[str, Any]:
+def view_json(view: ClusterView, evidence: ClusterView | None,
+              lighthouse: tuple[Any, str | None] = (None, "not read")) -> dict[str, Any]:
     """The verified view as the monitor acted on it: every group and rank, each rank's
-    verdict against the Lighthouse, the quorum the verified ranks report."""
+    verdict against the Lighthouse, the quorum the verified ranks report; and the Lighthouse's
+    own status as last read (``lighthouse``: the status and why it was not read), each group
+    with its heartbeat's age then: whether torchft still heard a group the ranks did not."""
+    status, error = lighthouse
+    beats = status.heartbeats if status is not None else {}
     ev = evidence or view
     in_quorum = {g.replica_group for g in ev.in_quorum()}
     groups = []
@@ -92,12 +97,15 @@ def view_json(view: ClusterView, evidence: ClusterView | None) -> dict[str, Any]
                           "phase": s.get("phase"), "phase_since": s.get("phase_since"),
                           "quorum_id": s.get("quorum_id"),
                           "verification": r.trust.to_dict() if r.trust is not None else None})
-        groups.append({"replica_group": g, "replica_id": verified.replica_id if verified else None,
+        rid = verified.replica_id if verified else None
+        groups.append({"replica_group": g, "replica_id": rid,
                        "status": gv.status, "step": gv.step, "in_quorum": g in in_quorum,
+                       "heartbeat_age_s": beats.get(rid),
                        "evidence_ranks": len(verified.ranks) if verified else 0, "ranks": ranks})
     return {"at": view.at, "quorum_id": ev.quorum_id,
             "quorum_participants": ev.quorum_participants(),
-            "reachable_fraction": view.reachable_fraction, "groups": groups}
+            "reachable_fraction": view.reachable_fraction, "groups": groups,
+            "lighthouse": {"error": error, **(status.to_dict() if status is not None else {})}}
 
 
 def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group: int | None,
@@ -334,9 +342,13 @@ class Bundles:
 
     def __init__(self, cfg: MonitorConfig, store: Store,
                  clock: Callable[[], float] = time.time,
-                 torch_dumps: Callable[[], Mapping[str, Mapping[str, Any]]] = dict) -> None:
-        """``torch_dumps``: URL -> the dump the monitor last read from each torch-only rank."""
+                 torch_dumps: Callable[[], Mapping[str, Mapping[str, Any]]] = dict,
+                 lighthouse: Callable[[], tuple[Any, str | None]] = lambda: (None, "not read")
+                 ) -> None:
+        """``torch_dumps``: URL -> the dump the monitor last read from each torch-only rank;
+        ``lighthouse``: the Lighthouse's status as last read, and why it was not read."""
         self.cfg, self.bc, self.clock, self.torch_dumps = cfg, cfg.bundles, clock, torch_dumps
+        self.lighthouse = lighthouse
         directory = self.bc.directory(cfg.state_path) if self.bc.enabled else None
         self.store = BundleStore(self.bc, directory, store, clock) if directory else None
         self._poller: Poller | None = None
@@ -439,7 +451,8 @@ class Bundles:
         bundle_id = self.store.new_id(trigger, kind, group)
         candidates += [(layout.FINDINGS, _encode({"finding": {**finding, "id": finding_id},
                                                   "related": related}), "head"),
-                       ("view.json", _encode(view_json(view, evidence)), "head")]
+                       ("view.json", _encode(view_json(view, evidence, self.lighthouse())),
+                        "head")]
         # under the size cap the culprit's group comes first, stacks before dumps
         order = {"head": 0, "culprit": 1, "culprit_group": 1, "peer": 2}
         candidates.sort(key=lambda x: (order[x[2]], x[0].startswith(layout.FR_DIR + "/")))

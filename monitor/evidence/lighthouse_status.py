@@ -55,6 +55,14 @@ class LighthouseStatus:
     def heartbeating(self, replica_id: str) -> bool:
         return replica_id in self.heartbeats and replica_id not in self.stale
 
+    def to_dict(self) -> dict:
+        """As read (an incident bundle's): each heartbeat's age is seconds before ``at``."""
+        return {"read_at": self.at, "quorum_id": self.quorum_id,
+                "members": {rid: {"step": m.step, "world_size": m.world_size}
+                            for rid, m in self.members.items()},
+                "heartbeat_age_s": dict(self.heartbeats), "stale": sorted(self.stale),
+                "next_status": self.next_status}
+
 
 def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
     """Parse the ``/status`` fragment; raises StatusFormatError when it has another shape."""
