@@ -49,7 +49,7 @@ class Processes:
             except TimeoutError as e:
                 raise ClusterError(str(e)) from None
         for g, grp in sorted(self.cluster.groups.items()):
-            urls = map(self.user_url, grp.worker_urls.values())
+            urls = map(self.both_urls, grp.worker_urls.values())
             self.event("started", g, "WorkerServers " + ", ".join(urls))
         self.start_prometheus()
         self.status = "waiting for the first quorum"
@@ -187,6 +187,16 @@ class Processes:
             except FabricError:  # the final report, once the fabric is gone
                 return url
         return u._replace(netloc=f"127.0.0.1:{self._forwards[(u.hostname, u.port)]}").geturl()
+
+    def both_urls(self, url: str) -> str:
+        """A rank's URL as a user here reaches it and, on a fabric, the address the monitor,
+        its audit log and bundles name it by (its host's, in the job's network)."""
+        here = self.user_url(url)
+        if here == url:
+            return url
+        import urllib.parse
+
+        return f"{here} ({urllib.parse.urlsplit(url).netloc} in the job's network)"
 
     # --- stop ---------------------------------------------------------------------------------
     def stop(self, grace: float = 3.0) -> None:

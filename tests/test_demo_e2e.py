@@ -109,6 +109,11 @@ def check_printed_urls(r: dict) -> None:
     assert len(printed) == 1 + r["config"]["groups"] * r["config"]["ranks_per_group"], printed
     if netns(r):
         assert all(u.startswith("http://127.0.0.1:") for u in printed), printed
+        # beside each forward, the address the monitor's audit log and bundles name the rank by
+        inside = [a for e in r["events"] if e["kind"] == "started"
+                  for a in re.findall(r"\((\S+) in the job's network\)", e["detail"])]
+        assert len(inside) == len(printed) - 1, (inside, printed)
+        assert {a.rsplit(":", 1)[0] for a in inside} <= {h["addr"] for h in r["hosts"]["hosts"]}
     assert printed[0] == r["urls"]["lighthouse"], (printed, r["urls"])
     assert requests.get(r["urls"]["lighthouse"] + "/status", timeout=5).ok
 
