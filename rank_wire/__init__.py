@@ -17,6 +17,11 @@ bytes (docs/scaling.md):
 Only valid numbers are packed, and a reader keeps only valid records of what it is served: a
 row is valid when its step is an integer within int64 (not a bool) and its four seconds are
 finite numbers >= 0 (:func:`valid_row`); a step time when it is such a number.
+
+``timing.recent_quorum`` serves, beside the rows (whose record stays as it is, so an older
+monitor reads an upgraded rank), each row's ``wait_quorum_s`` when the rank timed one: objects
+``{"step", "wait_quorum_s"}``, packed one :data:`QUORUM_RECORD` each; a record is valid when
+its step is as a row's and its seconds a valid number (:func:`valid_quorum`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ PACKED_FORMAT = 1  # the value of an answer's "packed" key
 MONITOR_AGENT = "lightkeeper-monitor"
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 TIMING_ROW = struct.Struct("<q4d")  # the step, then TIMING_KEYS' seconds
+QUORUM_KEY = "recent_quorum"  # timing's key of the quorum waits
+QUORUM_RECORD = struct.Struct("<qd")  # a step, then its wait_quorum_s
 # per-step rows a rank serves (``recent``) and the monitor keeps per rank: with steps of ms,
 # ranks polled a few steps apart still share the straggler's window
 TIMING_ROWS = 32
@@ -51,11 +58,19 @@ def valid_seconds(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _FLOAT_MAX
 
 
+def _valid_step(step: Any) -> bool:
+    return isinstance(step, int) and not isinstance(step, bool) and INT64_MIN <= step <= INT64_MAX
+
+
 def valid_row(step: Any, seconds: tuple | list) -> bool:
     """A timing row worth keeping: an int64 step (not a bool) and four valid seconds."""
-    return (isinstance(step, int) and not isinstance(step, bool)
-            and INT64_MIN <= step <= INT64_MAX and len(seconds) == len(TIMING_KEYS)
-            and all(map(valid_seconds, seconds)))
+    return _valid_step(step) and len(seconds) == len(TIMING_KEYS) \
+        and all(map(valid_seconds, seconds))
+
+
+def valid_quorum(step: Any, seconds: Any) -> bool:
+    """A quorum wait worth keeping: an int64 step (not a bool) and valid seconds."""
+    return _valid_step(step) and valid_seconds(seconds)
 
 
 def pack_rows(rows: list) -> bytes:
@@ -66,6 +81,17 @@ def pack_rows(rows: list) -> bytes:
             step, seconds = row.get("step"), [row.get(k) for k in TIMING_KEYS]
             if valid_row(step, seconds):
                 out.append(TIMING_ROW.pack(step, *map(float, seconds)))
+    return b"".join(out)
+
+
+def pack_quorum(items: list) -> bytes:
+    """The valid records of a served ``timing.recent_quorum`` (objects), one QUORUM_RECORD each."""
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            step, seconds = item.get("step"), item.get("wait_quorum_s")
+            if valid_quorum(step, seconds):
+                out.append(QUORUM_RECORD.pack(step, float(seconds)))
     return b"".join(out)
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import math
 import struct
+import typing
 
+import msgspec
 import numpy as np
 import pytest
 
 import rank_wire
 from monitor.detect.step_memory import StepMemory
 from monitor.evidence.view import RankView
+from monitor.poll import packed_state
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import judge_body
 from tests.support.rank_rows import unpack_rows
@@ -155,3 +158,71 @@ def test_anything_but_the_format_is_kept_as_nothing_served(packed, recent, secon
     kept = judge_body("u", json.dumps(answer).encode(), 0.0, 1.0, state=True).data
     assert kept["timing"]["recent"] == b"" and kept["recent_step_seconds"] == b""
     assert kept["host"] == recent and kept["packed"] == packed
+
+
+# timing.recent_quorum (rank_wire.QUORUM_RECORD): (served item, valid)
+QUORUM = [
+    ({"step": 9, "wait_quorum_s": 0.25}, True),
+    ({"step": 7, "wait_quorum_s": 0}, True),  # an int is seconds too
+    ({"step": I64_MIN, "wait_quorum_s": 1.5}, True),
+    ({"step": 8, "wait_quorum_s": -0.1}, False),
+    ({"step": 10, "wait_quorum_s": math.nan}, False),
+    ({"step": 11, "wait_quorum_s": math.inf}, False),
+    ({"step": 12, "wait_quorum_s": True}, False),
+    ({"step": 13, "wait_quorum_s": None}, False),
+    ({"step": 14}, False),
+    ({"step": True, "wait_quorum_s": 0.5}, False),
+    ({"step": 15.0, "wait_quorum_s": 0.5}, False),
+    ({"step": I64_MAX + 1, "wait_quorum_s": 0.5}, False),
+    ("not a record", False),
+]
+
+
+def test_quorum_waits_are_one_spec_for_the_writer_and_every_reader():
+    for item, ok in QUORUM:
+        if isinstance(item, dict):
+            assert rank_wire.valid_quorum(item.get("step"), item.get("wait_quorum_s")) is ok, item
+    want = b"".join(rank_wire.QUORUM_RECORD.pack(i["step"], float(i["wait_quorum_s"]))
+                    for i, ok in QUORUM if ok)
+    answer = {"timing": {"recent": [row(9)], "recent_quorum": [i for i, _ in QUORUM]}}
+    plain = json.dumps(answer).encode()
+    served = json.dumps(state_packed(json.loads(plain))).encode()
+    assert json.loads(served)["packed"] == 1
+    kept = [pack_state(json.loads(plain)),
+            judge_body("u", plain, 0.0, 1.0, state=True).data,
+            judge_body("u", served, 0.0, 1.0, state=True).data]
+    assert [k["timing"]["recent_quorum"] for k in kept] == [want] * 3
+
+
+def test_an_older_rank_serving_no_quorum_waits_is_read_as_before():
+    """No ``recent_quorum`` (an older WorkerServer): its rows as before, its steps' quorum
+    waits unknown (NaN) in the step memory."""
+    served = json.dumps(state_packed({"timing": {"recent": [row(4), row(5)]}})).encode()
+    kept = judge_body("u", served, 0.0, 1.0, state=True).data
+    assert "recent_quorum" not in kept["timing"]
+    assert unpack_rows(kept["timing"]["recent"]) == [(4, tuple(SECS.values())),
+                                                     (5, tuple(SECS.values()))]
+    mem = StepMemory(depth=8)
+    slot = mem.take("u", "r")
+    assert mem.fold([slot], [kept["timing"]["recent"]], [b""]) == [2]
+    assert np.isnan(mem.quorum([slot], [4, 5])).all()
+
+
+def test_a_rank_serving_quorum_waits_is_read_whole_by_a_monitor_that_ignores_them():
+    """An older monitor (its schema without ``recent_quorum``, decoding only the 40-byte rows
+    of an answer that says ``"packed": 1``) reads an upgraded rank as before: the format's
+    version and the row record are unchanged, and the extra key is dropped unread."""
+    assert rank_wire.PACKED_FORMAT == 1 and rank_wire.TIMING_ROW.size == 40
+    upgraded = {"timing": {"recent": [row(4)], "recent_quorum": [
+        {"step": 4, "wait_quorum_s": 0.125}]}, "step": 5}
+    served = json.dumps(state_packed(upgraded)).encode()
+    hints = typing.get_type_hints(packed_state._Timing, include_extras=True)
+    old_timing = typing.TypedDict("OldTiming", {k: v for k, v in hints.items()
+                                                if k != "recent_quorum"}, total=False)
+    # the functional form: a class's annotations would be strings (this module's __future__)
+    old = typing.TypedDict("Old", {"timing": old_timing, "packed": int},  # noqa: UP013
+                           total=False)
+    got = msgspec.json.Decoder(old).decode(served)
+    assert set(got["timing"]) == {"recent"} and got["packed"] == 1
+    raw = rank_wire.decode(got["timing"]["recent"], rank_wire.TIMING_ROW.size)
+    assert unpack_rows(raw) == [(4, tuple(SECS.values()))]

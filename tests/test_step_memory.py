@@ -150,3 +150,22 @@ def test_common_steps_and_their_seconds_are_those_of_every_ranks_rows(seed):
         if got:
             sec = mem.seconds([slots[i] for i in pick], got).tolist()
             assert sec == [[list(r[s]) for s in got] for r in got_rows]
+
+
+def test_a_quorum_wait_is_kept_only_where_it_could_be_true():
+    """Per folded row, its ``wait_quorum_s`` from the same answer: finite, >= 0 and within its
+    row's ``step_s`` (+1 ms; a rank serving ms, or anything else larger, cannot be right), else
+    NaN; a record of a step not folded is dropped, and a new row in a place starts unknown."""
+    mem = StepMemory(depth=4)
+    slot = mem.take("u", "r")
+    served = pack_rows([{"step": s, "step_s": 0.5, "compute_s": 0.2, "wait_cross_s": 0.2,
+                         "wait_group_s": 0.1} for s in range(1, 6)])
+    waits = [(1, 0.25), (2, 0.5005), (3, 0.502), (4, -0.1), (5, float("nan")), (9, 0.1)]
+    blob = b"".join(struct.pack("<qd", s, v) for s, v in waits)
+    assert mem.fold([slot], [served], [blob]) == [4]  # steps 2-5: depth 4
+    got = mem.quorum([slot], [2, 3, 4, 5])[0].tolist()
+    assert got[0] == 0.5005 and all(np.isnan(got[1:])), got
+    more = pack_rows([{"step": 6, "step_s": 0.5, "compute_s": 0.2, "wait_cross_s": 0.2,
+                       "wait_group_s": 0.1}])
+    mem.fold([slot], [more], [struct.pack("<qd", 2, 0.1)])  # step 2's place is step 6's now
+    assert np.isnan(mem.quorum([slot], [6])).all()

@@ -68,7 +68,7 @@ def test_state_reports_identity_and_steps(server):
     assert body["local_rank"] == 0 and body["host"]
     # No instrumented Manager drove a step here: timing is there, empty (tests/test_worker_timing.py).
     assert body["timing"] == {"last_step": None, "window": None, "waiting": None, "recent": [],
-                              "clock": "host"}
+                              "recent_quorum": [], "clock": "host"}
 
 
 def test_finish_says_so_and_waits_for_a_monitor_to_get_it(server):

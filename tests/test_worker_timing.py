@@ -49,7 +49,7 @@ def test_a_step_splits_into_compute_and_waits_and_nested_waits_count_once():
     clock = Clock()
     timer = StepTimer(clock=clock)
     assert timer.snapshot() == {"last_step": None, "window": None, "waiting": None,
-                                "recent": [], "clock": "host"}
+                                "recent": [], "recent_quorum": [], "clock": "host"}
     run_step(timer, clock, 0, compute=0.5, cross=0.2, group=0.1)
     last = timer.snapshot()["last_step"]
     assert last["step"] == 0

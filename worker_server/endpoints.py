@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from http_serving import decimal_int
+from rank_wire import QUORUM_KEY
 from rank_wire.recorders import is_torchft_pg_name
 
 from .flight_recorder import FlightRecorderBusy, IncarnationTracker, fr_dump
@@ -110,16 +111,19 @@ MAX_RECENT = 1 << 20  # ``recent`` bound: more than any rank keeps
 
 
 def state_since(doc: dict[str, Any], since: int) -> dict[str, Any]:
-    """``/v1/state?since=N``: ``timing.recent`` holds only the rows of steps after N, and
+    """``/v1/state?since=N``: ``timing.recent`` (and ``recent_quorum``) holds only the rows of
+    steps after N, and
     ``timing.since`` says it was cut (N). A monitor that folded this rank's rows up to step N
     asks for the rest only: at 100,000 ranks a leader's answer is then one or two rows, not 32,
     and the rows are most of what the monitor parses (docs/scaling.md). Everything else in the
     document is as ``/v1/state`` serves it (``last_step`` and ``window`` too)."""
     timing = doc.get("timing")
     if isinstance(timing, dict) and isinstance(timing.get("recent"), list):
-        timing["recent"] = [r for r in timing["recent"]
-                            if not isinstance(r, dict) or not isinstance(r.get("step"), int)
-                            or r["step"] > since]
+        for key in ("recent", QUORUM_KEY):
+            if isinstance(timing.get(key), list):
+                timing[key] = [r for r in timing[key]
+                               if not isinstance(r, dict) or not isinstance(r.get("step"), int)
+                               or r["step"] > since]
         timing["since"] = since
     return doc
 

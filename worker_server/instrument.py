@@ -19,7 +19,10 @@ is said once and ignored. The bookkeeping's own calls into the Manager (``num_pa
 waits on the quorum) go straight to torchft: they are not the job's waits, and through the
 wrappers they would recurse (``wait_quorum`` -> bookkeeping -> ``wait_quorum`` ...).
 
-The same wrappers time the training thread's waits (:mod:`worker_server.timing`): the quorum and
+The same wrappers time the training thread's waits (:mod:`worker_server.timing`), and each
+step's quorum from the ``start_quorum`` call to its future's completion (``wait_quorum_s``, a
+done-callback on torchft's ``_quorum_future``: a synchronous quorum's is put on while
+``start_quorum`` waits inside ``wait_quorum``, an asynchronous one's when it returns): the quorum and
 ``allreduce`` (through its Work's ``wait()``) as cross-group wait, ``should_commit`` as in-group
 wait, and the end of ``should_commit`` closes the step and begins the next: a step's time
 (``last_step_seconds``, like the timer's ``step_s``) runs commit to commit, so with LocalSGD or
@@ -103,14 +106,29 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
     step_at_start: list[int | None] = [None]
     timer = state.timing
     first = [True]
+    quorum_done: list = [None]  # this step's quorum callback, until it is on torchft's future
+    untimed: list[bool] = []
 
     def begin() -> None:
         if first[0]:  # later steps begin where the last ended, as the timer's (commit to commit)
             first[0] = False
             state.step_started()
         timer.begin_step()
+        quorum_done[0] = timer.quorum_called()
         state.set_phase("quorum")
         step_at_start[0] = manager.current_step()
+
+    def watch_quorum() -> None:
+        done, quorum_done[0] = quorum_done[0], None
+        if done is None:
+            return
+        try:  # never into torchft: the row then has no wait_quorum_s
+            manager._quorum_future.add_done_callback(done)
+        except Exception as e:
+            if not untimed:
+                untimed.append(True)
+                say(f"WorkerServer: torchft's quorum cannot be timed ({type(e).__name__}: {e}); "
+                    "wait_quorum_s is not served, training goes on")
 
     def quorum_known() -> None:
         before = step_at_start[0]
@@ -141,10 +159,12 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         quietly(begin)
         with timer.waiting("cross"):  # a synchronous quorum blocks here
             result = original(*args, **kwargs)
+        quietly(watch_quorum)
         state.set_phase("forward")
         return result
 
     def wait_quorum(original, *args, **kwargs):
+        quietly(watch_quorum)  # a synchronous start_quorum's, its future still running
         with timer.waiting("cross"):
             result = original(*args, **kwargs)
         quietly(quorum_known)

@@ -16,7 +16,14 @@ spent blocked in:
   :mod:`worker_server.fsdp`) and ``should_commit``, the in-group commit vote (a healing step's
   commit also loads the peer's state).
 
-``compute_s`` is the rest: ``step_s - wait_cross_s - wait_group_s``. Without CUDA the cost is
+``compute_s`` is the rest: ``step_s - wait_cross_s - wait_group_s``.
+
+Beside a step's row, ``wait_quorum_s``: from the rank's ``start_quorum`` call to the completion of
+that step's quorum (torchft's ``_quorum_future``), host clock, synchronous or asynchronous quorum
+alike: the rank whose group's quorum the job waits for waits least there from its own call,
+while the time it blocks in ``wait_quorum`` (after forward and backward with the async quorum)
+says nothing of its arrival. The completion is seen on torchft's quorum thread; one seen after
+its step ended is dropped (the row has none). Without CUDA the cost is
 two ``time.monotonic()`` calls per timed call and a few float additions; nothing is synchronized
 and nothing is sent.
 
@@ -56,7 +63,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from rank_wire import TIMING_ROWS
+from rank_wire import QUORUM_KEY, TIMING_ROWS
 
 SCOPES = ("cross", "group")
 TIMING_WINDOW = 16  # steps in the served median
@@ -158,6 +165,10 @@ class StepTimer:
         self._current: tuple[str, float] | None = None
         self._wait = dict.fromkeys(SCOPES, 0.0)
         self._recent: deque[StepTiming] = deque(maxlen=max(window, rows))
+        # each row's wait_quorum_s or None; the running step's, and its number among steps
+        self._quorums: deque[float | None] = deque(maxlen=max(window, rows))
+        self._quorum_s: float | None = None
+        self._seq = 0
         self._listeners: list[Callable[[StepTiming], None]] = []
 
     # --- training thread ---------------------------------------------------------------
@@ -179,6 +190,19 @@ class StepTimer:
                             exc_info=True)
         if self._step_began is None:
             self._step_began = self._clock()
+
+    def quorum_called(self) -> Callable[[object], None]:
+        """At the rank's ``start_quorum``: the done-callback of this step's quorum future, which
+        records the seconds since this call as the running step's ``wait_quorum_s``, on any
+        thread, unless that step has ended."""
+        seq, began = self._seq, self._clock()
+
+        def done(_future: object = None) -> None:
+            seconds = self._clock() - began
+            with self._lock:
+                if self._seq == seq:
+                    self._quorum_s = seconds
+        return done
 
     def _device_waits(self) -> dict[str, float] | None:
         """This step's waits per scope on the device clock, or None (no device, or it failed)."""
@@ -209,6 +233,8 @@ class StepTimer:
         cross, group = self._wait["cross"], self._wait["group"]
         self._wait = dict.fromkeys(SCOPES, 0.0)
         device = self._device_waits()  # reads (and frees) the step's events even without a step
+        with self._lock:
+            quorum, self._quorum_s, self._seq = self._quorum_s, None, self._seq + 1
         if began is None:
             return None
         if device is not None:
@@ -220,6 +246,7 @@ class StepTimer:
                             wait_cross_s=cross, wait_group_s=group)
         with self._lock:
             self._recent.append(timing)
+            self._quorums.append(quorum)
             listeners = list(self._listeners)
         for listener in listeners:
             listener(timing)
@@ -233,23 +260,27 @@ class StepTimer:
     def snapshot(self) -> dict:
         """The ``timing`` object of ``/v1/state`` (docs/CONTRACTS.md): ``last_step``, ``window``
         (medians over the last ``window`` steps) and ``waiting`` (the wait in progress), each None
-        when there is none, and ``recent``: every step kept, oldest first (the monitor compares
-        ranks step by step, by step number, so it needs each step, not only the last)."""
+        when there is none, ``recent``: every step kept, oldest first (the monitor compares
+        ranks step by step, by step number, so it needs each step, not only the last), and
+        ``recent_quorum``: the ``wait_quorum_s`` of those that have one."""
         current = self._current  # one read: the training thread may replace it meanwhile
         now = self._clock()
         with self._lock:
-            recent = list(self._recent)
+            recent, quorums = list(self._recent), list(self._quorums)
         waiting = None if current is None else {
             "scope": current[0], "seconds": max(0.0, now - current[1])}
+        quorum = [{"step": t.step, "wait_quorum_s": q}
+                  for t, q in zip(recent, quorums, strict=True) if q is not None]
         if not recent:
             return {"last_step": None, "window": None, "waiting": waiting, "recent": [],
-                    "clock": self.clock}
+                    "recent_quorum": quorum, "clock": self.clock}
         last = recent[-self._window:]
         window: dict[str, float | int] = {"steps": len(last)}
         for key in ("step_s", "compute_s", "wait_cross_s", "wait_group_s"):
             window[key] = statistics.median(getattr(t, key) for t in last)
         return {"last_step": asdict(recent[-1]), "window": window, "waiting": waiting,
-                "recent": [asdict(t) for t in recent], "clock": self.clock}
+                "recent": [asdict(t) for t in recent], QUORUM_KEY: quorum,
+                "clock": self.clock}
 
 
 class _Wait:

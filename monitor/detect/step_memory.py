@@ -8,9 +8,10 @@ from collections.abc import Container
 
 import numpy as np
 
-from rank_wire import TIMING_KEYS, TIMING_ROW
+from rank_wire import QUORUM_RECORD, TIMING_KEYS, TIMING_ROW
 
 NONE = np.iinfo(np.int64).min  # no step (a free place, a rank with nothing folded)
+QUORUM_SLACK_S = 0.001  # a quorum wait over its row's step_s by more cannot be true (ms?)
 
 
 class StepMemory:
@@ -23,6 +24,7 @@ class StepMemory:
         self._steps = np.full((capacity, depth), NONE, np.int64)
         self._seconds = np.zeros((capacity, depth, len(TIMING_KEYS)), np.float64)
         self._newest = np.full(capacity, NONE, np.int64)
+        self._quorum = np.full((capacity, depth), np.nan)  # each row's wait_quorum_s
 
     def newest(self, url: str) -> int | None:
         slot = self.slot.get(url)
@@ -57,6 +59,11 @@ class StepMemory:
         at = np.asarray(steps, np.int64) % self.depth
         return self._seconds[np.asarray(slots)[:, None], at[None, :]]
 
+    def quorum(self, slots: np.ndarray, steps: list[int]) -> np.ndarray:
+        """slots x steps of wait_quorum_s, NaN where none was served or it could not be true."""
+        at = np.asarray(steps, np.int64) % self.depth
+        return self._quorum[np.asarray(slots)[:, None], at[None, :]]
+
     def take(self, url: str, replica_id) -> int:
         """``url``'s slot for ``replica_id`` (emptied if its replica id changed)."""
         slot = self.slot.get(url)
@@ -71,9 +78,30 @@ class StepMemory:
         self.rid[slot] = replica_id
         return slot
 
-    def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
+    def fold(self, slots: list[int], blobs: list[bytes], quorum: list[bytes] | None = None
+             ) -> list[int]:
         """How many rows each answer added: ``blobs[i]`` into ``slots[i]``, rows newer than its last
-        step and within ``depth`` of the new newest; a step served twice keeps its last row."""
+        step and within ``depth`` of the new newest; a step served twice keeps its last row.
+        ``quorum[i]``: that answer's quorum waits, kept for the steps it added."""
+        added = self._fold(slots, blobs)
+        if quorum is not None and any(added):
+            self._fold_quorum(slots, quorum)
+        return added
+
+    def _fold_quorum(self, slots: list[int], blobs: list[bytes]) -> None:
+        raw = np.frombuffer(b"".join(blobs), np.float64).reshape(-1, 2)
+        counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // QUORUM_RECORD.size
+        steps = raw[:, 0].view(np.int64)
+        place = np.asarray(slots, np.int64)[np.repeat(np.arange(len(slots)), counts)] \
+            * self.depth + steps % self.depth
+        held = (self._steps.reshape(-1)[place] == steps) & (steps != NONE)
+        place, secs = place[held], raw[held, 1]
+        # trusted only when it could be true: finite, >= 0, within its row's step
+        ok = (secs >= 0) & (secs <= self._seconds.reshape(-1, len(TIMING_KEYS))[place, 0]
+                            + QUORUM_SLACK_S)
+        self._quorum.reshape(-1)[place] = np.where(ok, secs, np.nan)
+
+    def _fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
         counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // TIMING_ROW.size
         # float64 columns, the first the step's int64 bits (faster than a structured array)
         raw = np.frombuffer(b"".join(blobs), np.float64).reshape(-1, 1 + len(TIMING_KEYS))
@@ -103,6 +131,7 @@ class StepMemory:
             at, owner, place, steps = at[last], owner[last], place[last], steps[last]
         self._steps.reshape(-1)[place] = steps
         self._seconds.reshape(-1, len(TIMING_KEYS))[place] = raw[at, 1:]
+        self._quorum.reshape(-1)[place] = np.nan  # until its answer's quorum waits say
         return np.bincount(answer[at], minlength=len(slots)).tolist()
 
     def keep_only(self, urls: Container[str]) -> None:
@@ -131,8 +160,10 @@ class StepMemory:
         steps = np.full((capacity, self.depth), NONE, np.int64)
         seconds = np.zeros((capacity, self.depth, len(TIMING_KEYS)), np.float64)
         newest = np.full(capacity, NONE, np.int64)
+        quorum = np.full((capacity, self.depth), np.nan)
         steps[:n], seconds[:n], newest[:n] = self._steps[live], self._seconds[live], self._newest[live]
-        self._steps, self._seconds, self._newest = steps, seconds, newest
+        quorum[:n] = self._quorum[live]
+        self._steps, self._seconds, self._newest, self._quorum = steps, seconds, newest, quorum
         # in place: readers hold self.rid
         self.rid[:] = [self.rid[s] for s in live] + [None] * (capacity - n)
         self.slot.update(zip(urls, range(n), strict=True))

@@ -13,11 +13,13 @@ import msgspec
 
 from rank_wire import (
     PACKED_FORMAT,
+    QUORUM_RECORD,
     RECENT_STEPS,
     SECONDS_SIZE,
     TIMING_ROW,
     TIMING_ROWS,
     decode,
+    pack_quorum,
     pack_rows,
     pack_seconds,
 )
@@ -50,6 +52,11 @@ class _Row(TypedDict, total=False):
     wait_group_s: _Num
 
 
+class _Quorum(TypedDict, total=False):
+    step: int
+    wait_quorum_s: _Num
+
+
 class _Waiting(TypedDict, total=False):
     scope: _Name
     seconds: _Num
@@ -61,6 +68,9 @@ class _Timing(TypedDict, total=False):
     waiting: _Waiting | None
     recent: (Annotated[list[_Row], msgspec.Meta(max_length=TIMING_ROWS)]
              | Annotated[str, msgspec.Meta(max_length=_b64_chars(TIMING_ROWS * TIMING_ROW.size))])
+    recent_quorum: (
+        Annotated[list[_Quorum], msgspec.Meta(max_length=TIMING_ROWS)]
+        | Annotated[str, msgspec.Meta(max_length=_b64_chars(TIMING_ROWS * QUORUM_RECORD.size))])
     since: int
     clock: _Name
 
@@ -122,8 +132,10 @@ class _State(TypedDict, total=False):
 STATE_DECODER = msgspec.json.Decoder(_State)
 STATE_FIELDS = frozenset(_State.__annotations__)
 _TIMING_FIELDS = frozenset(_Timing.__annotations__)
-_ROW_FIELDS = frozenset(_Row.__annotations__) | frozenset(_Waiting.__annotations__)
+_ROW_FIELDS = frozenset(_Row.__annotations__) | frozenset(_Waiting.__annotations__) \
+    | frozenset(_Quorum.__annotations__)
 _DEVICE_FIELDS = frozenset(_Device.__annotations__)
+_LISTS = ("recent", "recent_quorum")  # timing's packed lists
 
 
 def _scalar(v: Any) -> Any:
@@ -160,10 +172,11 @@ def bounded_state(doc: dict[str, Any]) -> dict[str, Any]:
         if key not in STATE_FIELDS:
             continue
         if key == "timing" and type(v) is dict:
-            v = {k: (x if k == "recent" else _fields(x, _ROW_FIELDS))
+            v = {k: (x if k in _LISTS else _fields(x, _ROW_FIELDS))
                  for k, x in v.items() if k in _TIMING_FIELDS}
-            if type(v.get("recent")) is list:  # rows of the wrong shape pack to nothing
-                v["recent"] = [_fields(r, _ROW_FIELDS) for r in v["recent"][-TIMING_ROWS:]]
+            for k in _LISTS:
+                if type(v.get(k)) is list:  # rows of the wrong shape pack to nothing
+                    v[k] = [_fields(r, _ROW_FIELDS) for r in v[k][-TIMING_ROWS:]]
         elif key == "device":
             v = _fields(v, _DEVICE_FIELDS)
         elif key == "faults" and type(v) is list:
@@ -190,8 +203,8 @@ def _kept(value: Any, served_packed: bool, record: int, pack, most: int) -> byte
 
 
 def pack_state(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` (a parsed ``/v1/state`` answer) with its two number lists as bytes (the newest
-    the monitor keeps of each), in place."""
+    """``doc`` (a parsed ``/v1/state`` answer) with its number lists as bytes (the newest the
+    monitor keeps of each), in place."""
     served = doc.get("packed")
     served = type(served) is int and served == PACKED_FORMAT  # not True: a bool is no format
     # the monitor's own keys of a torch-only rank: one claimed by a rank's answer would choose
@@ -202,6 +215,9 @@ def pack_state(doc: dict[str, Any]) -> dict[str, Any]:
     if type(timing) is dict:
         timing["recent"] = _kept(timing.get("recent"), served, TIMING_ROW.size, pack_rows,
                                  TIMING_ROWS)
+        if "recent_quorum" in timing:  # an older rank's answer has none: NaN to the detectors
+            timing["recent_quorum"] = _kept(timing["recent_quorum"], served,
+                                            QUORUM_RECORD.size, pack_quorum, TIMING_ROWS)
     if "recent_step_seconds" in doc:
         doc["recent_step_seconds"] = _kept(doc["recent_step_seconds"], served, SECONDS_SIZE,
                                            pack_seconds, RECENT_STEPS)
