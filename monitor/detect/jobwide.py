@@ -194,7 +194,8 @@ class JobWide:
         self.baseline: deque[tuple[float, float, float, float]] = deque(maxlen=BASELINE_KEEP)
         self._newest: int | None = None  # the newest step of the last window judged
         self._baseline_newest: int | None = None  # ... of the last window in the baseline
-        self._slow: list[float] = []  # ratios of the consecutive slow windows
+        # the consecutive slow windows: (ratio, the group late at torchft's quorum or None)
+        self._slow: list[tuple[float, int | None]] = []
         self._slow_since: float | None = None
         self._members: frozenset = frozenset()  # (group, replica id) of the newest quorum
         self._stall_suspected = False  # this sweep: a job stall on its way (STALL_SUSPECT)
@@ -484,13 +485,28 @@ class JobWide:
                 self.baseline.append((w.step_s, w.compute_s, w.wait_cross_s, w.wait_group_s))
                 self._baseline_newest = w.newest
             return None
-        self._slow.append(round(ratio, 3))
+        q = w.quorum_late
+        # late by LATE_SHARE of the rise in 3/4 of the steps, as a straggler by its threshold
+        self._slow.append((round(ratio, 3), q["group"] if q and rise > 0 and sum(
+            x >= LATE_SHARE * rise for x in q["step_lags_s"]) >= 0.75 * len(q["step_lags_s"])
+            else None))
+        # named only when the same group in every slow window: chance (every group's rank 0
+        # working at random before its quorum) names one in a window now and then
+        quorum_late = q if q and len(self._slow) >= self.cfg.job_slow_windows \
+            and all(g == q["group"] for _, g in self._slow) else None
         if self._slow_since is None:  # since its first slow step began
             self._slow_since = now - late_for(w.steps_s, factor * base[0], w.steps_s)
         if len(self._slow) < self.cfg.job_slow_windows and key not in self.findings.open:
             return None
         hosts, host_clock = _hosts(groups), _host_clock_gpus(groups)
-        if late_group is None:
+        if quorum_late is not None:
+            r = quorum_late
+            why = (f"group {r['group']} arrives at torchft's quorum {r['lag_s']:.3f}s after the "
+                   f"others" + (f" (rank {r['rank']} on host {r['host']} its last arriver in "
+                                f"{r['steps'][0]}/{r['steps'][1]} steps)" if r["rank"] is not None
+                                else "") + ": a rank slow before its quorum call (data loading, "
+                   "logging), not the network")
+        elif late_group is None:
             why = (f"no group is late (largest arrival lag {max_lag:.3f}s, a straggler needs "
                    f"{w.lag_threshold_s:.3f}s): every group waits alike inside the collectives "
                    f"(a network fault slows them all)")
@@ -509,7 +525,8 @@ class JobWide:
               "host_clock_cuda_ranks": host_clock, "late_group": late_group,
               "median_step_s": round(w.step_s, 4), "baseline_step_s": round(base[0], 4),
               "ratio": round(ratio, 3), "factor": factor, "steps": [w.first, w.newest],
-              "windows": len(self._slow), "window_ratios": self._slow[-10:],
+              "windows": len(self._slow), "window_ratios": [r for r, _ in self._slow[-10:]],
+              "quorum_late": quorum_late,
               "now_s": {"compute_s": round(w.compute_s, 4),
                         "wait_cross_s": round(w.wait_cross_s, 4),
                         "wait_group_s": round(w.wait_group_s, 4)},

@@ -106,6 +106,7 @@ class Window:
     lag_threshold_s: float
     lags: dict[int, float]
     steps_s: np.ndarray  # each step's median step seconds
+    quorum_late: dict[str, Any] | None = None  # Straggler.quorum_late's
 
 
 @dataclass(slots=True, eq=False)
@@ -167,7 +168,7 @@ class Straggler:
         slot_of, rid_of, take = memory.slot.get, memory.rid, memory.take
         out = self.last_answers = Answers(view)
         counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
-        slots, blobs, polled = [], [], []
+        slots, blobs, quorum, polled = [], [], [], []
         for r in view.polled_ranks:
             url, s = r.url, r.state
             if not r.reachable or not s:
@@ -184,10 +185,12 @@ class Straggler:
                 slot = take(url, rid)
             timing = s.get("timing")
             rows = timing.get("recent") if type(timing) is dict else None
+            waits = timing.get("recent_quorum") if type(timing) is dict else None
             slots.append(slot)
             blobs.append(rows if type(rows) is bytes else b"")
+            quorum.append(waits if type(waits) is bytes else b"")
             polled.append((r, slot, s["replica_group"], rid))
-        added = memory.fold(slots, blobs)
+        added = memory.fold(slots, blobs, quorum)
         for (r, slot, g, rid), n, newest in zip(polled, added, memory.newest_of(slots),
                                                 strict=True):
             if newest is None:
@@ -273,7 +276,8 @@ class Straggler:
         meds = np.median(timings, axis=(0, 1)).tolist()
         self.last_window = Window(window[0], window[-1], meds[STEP_S], meds[COMPUTE_S],
                                   meds[WAIT_CROSS_S], meds[WAIT_GROUP_S], threshold,
-                                  self.last_lags, steps_s)
+                                  self.last_lags, steps_s,
+                                  self.quorum_late(order, members, slots, starts, window, floor))
         med_lags = med_lags.tolist()
         findings, mems = self.findings, self.groups
         open_groups = findings.groups("straggler")
@@ -330,6 +334,35 @@ class Straggler:
             if mem is not None:
                 mem.straggler_newest = newest
         return [f for f in new if f]
+
+    def quorum_late(self, order: list[int], members: dict, slots: np.ndarray,
+                    starts: list[int], window: list[int], floor: float) -> dict[str, Any] | None:
+        """The group whose arrival at torchft's quorum the others waited for (job_slow's
+        evidence, docs/monitor.md): a group's least quorum wait a step is its last arriver's,
+        its lag the median over the window of the others' median less its own; the most
+        lagging, if by ``floor`` in 3/4 of the steps (random work before the quorum lags now
+        one group, now another). Only with every polled rank's
+        wait at every step, every group polled whole (a leader alone is not its last arriver)."""
+        if any(len(members[g]) != members[g][0][0].state.get("group_world_size") for g in order):
+            return None
+        q = self.memory.quorum(slots, window)
+        if np.isnan(q).any():
+            return None
+        need = math.ceil(0.75 * len(window))
+        lags = straggler_lags(np.minimum.reduceat(q, starts, axis=0), math.inf, need)[0]
+        med = np.median(lags, axis=1)
+        i = int(np.argmax(med))
+        if (lags[i] >= floor).sum() < need:
+            return None
+        g = order[i]
+        last = np.bincount(np.argmin(q[starts[i]:starts[i] + len(members[g])], axis=0),
+                           minlength=len(members[g]))
+        j = int(np.argmax(last))  # the last arriver in most steps: named in 3/4 of them
+        rv = members[g][j][0] if last[j] >= need else None
+        return {"group": g, "rank": rv.rank if rv else None,
+                "host": rv.state.get("host") if rv else None, "lag_s": round(float(med[i]), 4),
+                "steps": [int(last[j]), len(window)],
+                "step_lags_s": [round(x, 4) for x in lags[i].tolist()]}
 
     def _apart(self, slots: np.ndarray, now: float) -> None:
         """Every rank holds a window of its own, but the ranks' rows share none (answered too

@@ -1,0 +1,131 @@
+"""job_slow names the group whose arrival at torchft's quorum the job waited for
+(``evidence.quorum_late``, docs/monitor.md): a rank slow before its quorum call (data loading,
+logging before ``zero_grad``) keeps its own group's peers waiting in the quorum too, so every
+group waits alike at the cross-group step and only job_slow fires; each rank's
+``wait_quorum_s`` (from its ``start_quorum`` call to the quorum's completion) tells the group's
+last arrival. Report-only: nothing is evicted for it.
+
+Rows come from a model of a torchft step, the synchronous quorum (the Lighthouse frees every
+group once the last group's last rank called it; the forward pass then starts) and the
+asynchronous one (the forward pass runs beside the quorum; the all_reduce waits for it), served
+packed by the WorkerServer's writer, read by the monitor's poller and judged by the real
+Detectors."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from monitor.config import DetectorConfig
+from monitor.detect import Detectors
+from monitor.poll.poller import judge_body
+from tests.test_monitor_detectors import T0, Job
+from worker_server.packed import state_packed
+
+FORWARD, AR = 0.2, 0.01
+
+
+class QuorumJob(Job):
+    def view(self, now: float, judge=None):
+        """Every rank's answer as a WorkerServer serves it asked ``packed=1``."""
+        polls = {t.url: judge_body(t.url, json.dumps(state_packed(json.loads(json.dumps(s))))
+                                   .encode(), 0.0, now, state=True)
+                 for t, s in zip(self.targets, self.states, strict=True)}
+        return self.vb.update(self.targets, polls, now=now, judge=judge)
+
+    def model(self, pre, rng, *, use_async=False, net=0.0, old=(), bad=()) -> None:
+        """One step: rank (g, r) works ``pre(g, r)`` s before its quorum call, then forward; the
+        cross-group all_reduce takes ``net`` s more than AR; ``old``: ranks serving no quorum
+        waits (an older WorkerServer); ``bad``: ranks serving theirs in ms."""
+        p = {r: 0.02 + pre(r // self.ranks, r % self.ranks) for r in range(self.world)}
+        quorum = max(p.values()) + 0.005  # the Lighthouse frees every group at once
+        f = {r: FORWARD + rng.uniform(0, 0.01) for r in p}
+        # at the all_reduce: the async quorum's first waits for the quorum, then for the others
+        arrive = {r: max(quorum, p[r] + f[r]) if use_async else quorum + f[r] for r in p}
+        done = max(arrive.values()) + AR + net
+        for r, s in enumerate(self.states):
+            group = rng.uniform(0.005, 0.01)
+            row = {"step": self.step, "compute_s": p[r] + f[r],
+                   "wait_cross_s": done - p[r] - f[r], "wait_group_s": group,
+                   "step_s": done + group}
+            s["timing"]["recent"] = (s["timing"]["recent"] + [row])[-32:]
+            s["timing"]["last_step"] = row
+            if r not in old:
+                waited = (quorum - p[r] + rng.uniform(0, 0.003)) * (1000 if r in bad else 1)
+                s["timing"]["recent_quorum"] = (s["timing"].get("recent_quorum", []) + [
+                    {"step": self.step, "wait_quorum_s": waited}])[-32:]
+        self.step += 1
+
+
+def job_slow(groups: int, ranks: int, pre_slow, *, pre_base=None, use_async=False, net=0.0,
+             seed=1, old=(), bad=(), baseline_sweeps=14, slow_sweeps=6):
+    """The job_slow findings' evidence, per sweep once confirmed: ``baseline_sweeps`` healthy
+    sweeps (``pre_base`` before every rank's quorum), then ``pre_slow`` (and ``net``)."""
+    job, det, now = QuorumJob(groups=groups, ranks=ranks, seed=seed), Detectors(
+        DetectorConfig()), T0
+    rng = random.Random(seed)
+    pre_base = pre_base or (lambda g, r: 0.0)
+    seen, opened = [], []
+    for i in range(baseline_sweeps + slow_sweeps):
+        now += 1.0
+        slow = i >= baseline_sweeps
+        for _ in range(6):
+            job.model(pre_slow if slow else pre_base, rng, use_async=use_async,
+                      net=net if slow else 0.0, old=old, bad=bad)
+        job.steps(0, now=now)  # the states' step, step times and phase; no rows
+        view = job.view(now)
+        opened += [f for f in det.update(view, None, now) if f.kind != "job_slow"]
+        for f in det.open_findings():
+            if f.kind == "job_slow":
+                seen.append(dict(f.evidence))
+    assert [f.kind for f in opened] == [], "nothing but job_slow"
+    assert not [d for d in det.open_findings() if d.kind != "job_slow"]
+    return seen
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("groups,ranks", [(3, 2), (2, 4)])
+def test_a_rank_slow_before_its_quorum_is_named_in_job_slow(groups, ranks, use_async):
+    slow = 2 * ranks - 1 if groups == 2 else 2 * ranks + 1  # group 1 (of 2) or 2: a rank of it
+    late = slow // ranks
+
+    def pre(g, r):
+        return 0.3 if g * ranks + r == slow else 0.0
+
+    seen = job_slow(groups, ranks, pre, use_async=use_async)
+    assert seen, "job_slow fires, as before"
+    q = seen[-1]["quorum_late"]
+    assert q is not None, seen[-1]["summary"]
+    assert (q["group"], q["rank"], q["host"]) == (late, slow, f"host-g{late}")
+    assert q["lag_s"] == pytest.approx(0.3, abs=0.02) and q["steps"] == [6, 6]
+    assert f"group {late} arrives at torchft's quorum" in seen[-1]["summary"]
+    assert f"rank {slow} on host host-g{late} its last arriver in 6/6 steps" in seen[-1]["summary"]
+    assert "not the network" in seen[-1]["summary"]
+    assert "a network fault slows them all" not in seen[-1]["summary"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rank0_work_and_a_network_slowdown_name_no_group(seed):
+    """Two groups, every rank 0 working U(0, 0.6) s before its quorum (the same before and
+    during the slowdown); then every group's all_reduce 0.45 s slower (the network): a step's
+    quorum lag is one rank 0's draw less the other's, and names no group."""
+    draws = random.Random(100 + seed)
+
+    def pre(g, r):
+        return draws.uniform(0, 0.6) if r == 0 else 0.0
+
+    seen = job_slow(2, 4, pre, pre_base=pre, net=0.45, seed=seed, slow_sweeps=10)
+    assert seen, "job_slow fires, as before"
+    assert [e["quorum_late"] for e in seen] == [None] * len(seen)
+    assert "a network fault slows them all" in seen[-1]["summary"]
+
+
+@pytest.mark.parametrize("old,bad", [((1,), ()), ((), (0,)), ((), (4, 5))])
+def test_without_every_ranks_trusted_quorum_wait_job_slow_is_as_before(old, bad):
+    """A rank serving no quorum waits (an older WorkerServer), or serving them in ms (above its
+    step): the measure is left out; job_slow fires as before, naming no group."""
+    seen = job_slow(3, 2, lambda g, r: 0.3 if (g, r) == (2, 1) else 0.0, old=old, bad=bad)
+    assert seen and seen[-1]["quorum_late"] is None
+    assert "a network fault slows them all" in seen[-1]["summary"]
