@@ -1279,3 +1279,35 @@ def test_a_shard_calls_a_group_of_another_slice_gone_on_the_other_shards_word():
     assert gone((set(), True)) == [other]  # every other shard said: none reports it
     assert gone((set(), False)) == []  # a shard did not say (etcd away, an older monitor)
     assert gone((set(), False), {other}) == [other]  # ... but the leader killed it
+
+
+def test_job_slow_stores_the_group_torchfts_quorum_waited_for_once_it_is_named(driver):
+    """A rank slow before its quorum call (group 1's second rank): every other rank waits for it
+    in the quorum, so every group waits alike and only job_slow fires. Its first windows show
+    no quorum waits (named by nothing); once the ranks serve them, the stored finding (what
+    /v1/findings serves) names group 1 and that rank while it is open, not at its end."""
+    d, job = driver, driver.train.job
+    slow = job.sim.group(1)[1]
+    steps = d.train.steps
+
+    def with_quorum_waits(n, now, **kw):
+        steps(n, now, **kw)
+        for g in job.alive:
+            for r in job.sim.group(g):
+                t = r.state["timing"]
+                r.update(timing={**t, "recent_quorum": [
+                    {"step": row["step"], "wait_quorum_s": 0.003 if r is slow else
+                     row["wait_cross_s"] - 0.01} for row in t["recent"]]})
+
+    d.sweeps(BASELINE_SWEEPS)
+    d.sweeps(4, **NETWORK_SLOW)
+    (f,) = d.mon.store.findings()
+    assert f["kind"] == "job_slow" and f["evidence"]["quorum_late"] is None
+    d.train.steps = with_quorum_waits
+    d.sweeps(6, **NETWORK_SLOW)
+    (f,) = d.mon.store.findings()
+    q = f["evidence"]["quorum_late"]
+    assert f["resolved_at"] is None and q is not None, f["evidence"]["summary"]
+    assert (q["group"], q["rank"]) == (1, slow.state["rank"])
+    assert "group 1 arrives at torchft's quorum" in f["evidence"]["summary"]
+    assert d.mon.store.decisions() == []  # named, never evicted

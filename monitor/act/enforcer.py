@@ -62,6 +62,13 @@ def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig, who: 
     return blind_reason(blind, up / known if known > 0 else 0.0, rails, who)
 
 
+
+def _news(ev: dict) -> tuple:
+    """What of an open job-wide finding's evidence is written again when it changes: its probe
+    round's verdict, and whom job_slow names at torchft's quorum (often a window after it opens)."""
+    q = ev.get("quorum_late") or {}
+    return gist(ev.get("probe")), q.get("group"), q.get("rank")
+
 class Enforcer(HostSide, Confirmations):
     """Findings -> audit log, hosts, decisions, kills. ``blind()``: why ranks are unverified."""
 
@@ -90,7 +97,7 @@ class Enforcer(HostSide, Confirmations):
         self.standby, self.fetch_bundles = False, True
         self._finding_ids: dict[tuple, int] = {}
         self._marks: dict[tuple, tuple] = {}  # Detectors.restarted as last saved
-        self._verdicts: dict[tuple, tuple] = {}  # job-wide finding -> its probe verdict written
+        self._verdicts: dict[tuple, tuple] = {}  # job-wide finding -> its _news written
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
         self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
@@ -129,7 +136,7 @@ class Enforcer(HostSide, Confirmations):
                 self.detectors.restarted.pop(f.key, None)
             else:
                 self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
-            self._verdicts[f.key] = gist(f.evidence.get("probe"))
+            self._verdicts[f.key] = _news(f.evidence)
         self._unrecorded = []
         self._recorded += new  # a failed resolution below must not lose them either
         if self.detectors.restarted != self._marks:  # a run that stops early hands them on
@@ -137,7 +144,7 @@ class Enforcer(HostSide, Confirmations):
             self._marks = dict(self.detectors.restarted)
         failed = None
         for f in self.detectors.job_findings():
-            said = gist(f.evidence.get("probe"))
+            said = _news(f.evidence)
             if f.key in self._finding_ids and said != self._verdicts.get(f.key):
                 try:
                     self.store.update_finding_evidence(self._finding_ids[f.key], f.evidence)

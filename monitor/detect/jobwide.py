@@ -490,10 +490,11 @@ class JobWide:
         self._slow.append((round(ratio, 3), q["group"] if q and rise > 0 and sum(
             x >= LATE_SHARE * rise for x in q["step_lags_s"]) >= 0.75 * len(q["step_lags_s"])
             else None))
-        # named only when the same group in every slow window: chance (every group's rank 0
-        # working at random before its quorum) names one in a window now and then
-        quorum_late = q if q and len(self._slow) >= self.cfg.job_slow_windows \
-            and all(g == q["group"] for _, g in self._slow) else None
+        # named only when the same group in the last --job-slow-windows slow windows: chance
+        # (every group's rank 0 working at random before its quorum) names one now and then
+        n = self.cfg.job_slow_windows
+        quorum_late = q if q and len(self._slow) >= n \
+            and all(g == q["group"] for _, g in self._slow[-n:]) else None
         if self._slow_since is None:  # since its first slow step began
             self._slow_since = now - late_for(w.steps_s, factor * base[0], w.steps_s)
         if len(self._slow) < self.cfg.job_slow_windows and key not in self.findings.open:
