@@ -129,3 +129,35 @@ def test_without_every_ranks_trusted_quorum_wait_job_slow_is_as_before(old, bad)
     seen = job_slow(3, 2, lambda g, r: 0.3 if (g, r) == (2, 1) else 0.0, old=old, bad=bad)
     assert seen and seen[-1]["quorum_late"] is None
     assert "a network fault slows them all" in seen[-1]["summary"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("groups,ranks,y", [(2, 4, 0.3), (3, 2, 0.2), (4, 2, 0.3)])
+def test_a_group_late_at_its_quorum_at_pace_too_is_not_named_for_a_network_slowdown(
+        groups, ranks, y, use_async):
+    """Only global rank 0 logs ``y`` s before its quorum, at pace and during the slowdown, and
+    every all_reduce gets 0.3 s slower (the network): group 0 is late at the quorum by as much as
+    always, which explains none of the rise; the network is said, group 0 not named."""
+    def pre(g, r):
+        return y if (g, r) == (0, 0) else 0.0
+
+    seen = job_slow(groups, ranks, pre, pre_base=pre, use_async=use_async, net=0.3,
+                    slow_sweeps=10)
+    assert seen, "job_slow fires, as before"
+    assert [e["quorum_late"] for e in seen] == [None] * len(seen), seen[-1]["summary"]
+    assert "a network fault slows them all" in seen[-1]["summary"]
+
+
+def test_a_rank_slow_before_its_quorum_beside_a_logging_rank0_is_named_against_its_baseline():
+    """Global rank 0 logs 0.2 s before its quorum all along; then rank 5 (group 2) takes 0.6 s
+    more before its own: group 2 is named, its lag held against its own baseline."""
+    def base(g, r):
+        return 0.2 if (g, r) == (0, 0) else 0.0
+
+    def slow(g, r):
+        return 0.6 if (g, r) == (2, 1) else base(g, r)
+
+    seen = job_slow(3, 2, slow, pre_base=base)
+    q = seen[-1]["quorum_late"]
+    assert q is not None and (q["group"], q["rank"]) == (2, 5), seen[-1]["summary"]
+    assert "at pace" in seen[-1]["summary"]

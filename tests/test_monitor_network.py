@@ -1282,13 +1282,14 @@ def test_a_shard_calls_a_group_of_another_slice_gone_on_the_other_shards_word():
 
 
 def test_job_slow_stores_the_group_torchfts_quorum_waited_for_once_it_is_named(driver):
-    """A rank slow before its quorum call (group 1's second rank): every other rank waits for it
-    in the quorum, so every group waits alike and only job_slow fires. Its first windows show
-    no quorum waits (named by nothing); once the ranks serve them, the stored finding (what
-    /v1/findings serves) names group 1 and that rank while it is open, not at its end."""
+    """Every rank serves its quorum waits, alike at pace and in a network slowdown: job_slow
+    opens naming no group. Then group 1's second rank turns slow before its quorum call (every
+    other rank waits for it in the quorum, so every group waits alike at the cross-group step):
+    the stored finding (what /v1/findings serves) names group 1 and that rank while it is open,
+    not at its end."""
     d, job = driver, driver.train.job
     slow = job.sim.group(1)[1]
-    steps = d.train.steps
+    steps, before_quorum = d.train.steps, [False]
 
     def with_quorum_waits(n, now, **kw):
         steps(n, now, **kw)
@@ -1296,14 +1297,16 @@ def test_job_slow_stores_the_group_torchfts_quorum_waited_for_once_it_is_named(d
             for r in job.sim.group(g):
                 t = r.state["timing"]
                 r.update(timing={**t, "recent_quorum": [
-                    {"step": row["step"], "wait_quorum_s": 0.003 if r is slow else
-                     row["wait_cross_s"] - 0.01} for row in t["recent"]]})
+                    {"step": row["step"], "wait_quorum_s": 0.003 if r is slow and before_quorum[0]
+                     else max(0.0, row["wait_cross_s"] - 0.01)} for row in t["recent"]]})
 
+    d.train.steps = with_quorum_waits
     d.sweeps(BASELINE_SWEEPS)
     d.sweeps(4, **NETWORK_SLOW)
     (f,) = d.mon.store.findings()
     assert f["kind"] == "job_slow" and f["evidence"]["quorum_late"] is None
-    d.train.steps = with_quorum_waits
+    assert "a network fault slows them all" in f["evidence"]["summary"]
+    before_quorum[0] = True
     d.sweeps(6, **NETWORK_SLOW)
     (f,) = d.mon.store.findings()
     q = f["evidence"]["quorum_late"]

@@ -62,12 +62,12 @@ def blindness_of(view: ClusterView, blind: str | None, rails: RailsConfig, who: 
     return blind_reason(blind, up / known if known > 0 else 0.0, rails, who)
 
 
-
 def _news(ev: dict) -> tuple:
     """What of an open job-wide finding's evidence is written again when it changes: its probe
     round's verdict, and whom job_slow names at torchft's quorum (often a window after it opens)."""
     q = ev.get("quorum_late") or {}
     return gist(ev.get("probe")), q.get("group"), q.get("rank")
+
 
 class Enforcer(HostSide, Confirmations):
     """Findings -> audit log, hosts, decisions, kills. ``blind()``: why ranks are unverified."""

@@ -24,6 +24,7 @@ GROUP_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead")
 BASELINE_KEEP = 30  # healthy windows the baseline is the median of (the newest ones)
 IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in collectives
 LATE_SHARE = 0.5  # of the step's rise, one group's arrival lag this much: it, not the network
+QUORUM_BASE_WINDOWS = 2  # baseline windows with a group's quorum lag before it can be named
 # of the hang threshold: a job stall this far on its way starts the probe mesh, so that its
 # rounds are in when the stall confirms
 STALL_SUSPECT = 0.5
@@ -192,6 +193,8 @@ class JobWide:
         self.cfg, self.findings = cfg, findings
         # healthy windows: (step, compute, wait_cross, wait_group) medians
         self.baseline: deque[tuple[float, float, float, float]] = deque(maxlen=BASELINE_KEEP)
+        # each group's median lag at torchft's quorum in the baseline's windows that had one
+        self.quorum_base: deque[dict[int, float]] = deque(maxlen=BASELINE_KEEP)
         self._newest: int | None = None  # the newest step of the last window judged
         self._baseline_newest: int | None = None  # ... of the last window in the baseline
         # the consecutive slow windows: (ratio, the group late at torchft's quorum or None)
@@ -305,6 +308,28 @@ class JobWide:
         ``STALL_SUSPECT`` of the hang threshold (the probe mesh starts then), or one explained
         by an eviction whose group torchft still holds the others for."""
         return bool(self._slow) or self._stall_suspected or self._held
+
+    def _quorum_late(self, w: Window, rise: float) -> dict[str, Any] | None:
+        """The group the job waits for at torchft's quorum by more than in the baseline: later by
+        LATE_SHARE of the step's rise (and the lag floor) in 3/4 of the window's steps. Against
+        its own baseline: a group always late there (rank 0 logging) explains no slowdown."""
+        if w.quorum_lags is None or rise <= 0:
+            return None
+        best = None
+        for g, x in w.quorum_lags.items():
+            seen = [b[g] for b in self.quorum_base if g in b]
+            if len(seen) < QUORUM_BASE_WINDOWS:
+                continue  # no baseline of its own to hold it against
+            base, lags = statistics.median(seen), x["step_lags_s"]
+            over = [v - base for v in lags]
+            if sum(v >= max(LATE_SHARE * rise, x["floor_s"]) for v in over) >= 0.75 * len(lags):
+                late = statistics.median(over)
+                if best is None or late > best["lag_s"] - best["baseline_lag_s"]:
+                    best = {"group": g, "rank": x["rank"], "host": x["host"],
+                            "lag_s": round(statistics.median(lags), 4),
+                            "baseline_lag_s": round(base, 4), "steps": x["steps"],
+                            "step_lags_s": lags}
+        return best
 
     def baseline_medians(self) -> tuple[float, float, float, float] | None:
         if len(self.baseline) < self.cfg.job_baseline_windows:
@@ -483,13 +508,13 @@ class JobWide:
                     and (self._baseline_newest is None or w.first > self._baseline_newest):
                 # disjoint windows only: each a sample of its own steps
                 self.baseline.append((w.step_s, w.compute_s, w.wait_cross_s, w.wait_group_s))
+                if w.quorum_lags is not None:
+                    self.quorum_base.append({g: statistics.median(x["step_lags_s"])
+                                             for g, x in w.quorum_lags.items()})
                 self._baseline_newest = w.newest
             return None
-        q = w.quorum_late
-        # late by LATE_SHARE of the rise in 3/4 of the steps, as a straggler by its threshold
-        self._slow.append((round(ratio, 3), q["group"] if q and rise > 0 and sum(
-            x >= LATE_SHARE * rise for x in q["step_lags_s"]) >= 0.75 * len(q["step_lags_s"])
-            else None))
+        q = self._quorum_late(w, rise)
+        self._slow.append((round(ratio, 3), q["group"] if q else None))
         # named only when the same group in the last --job-slow-windows slow windows: chance
         # (every group's rank 0 working at random before its quorum) names one now and then
         n = self.cfg.job_slow_windows
@@ -503,7 +528,7 @@ class JobWide:
         if quorum_late is not None:
             r = quorum_late
             why = (f"group {r['group']} arrives at torchft's quorum {r['lag_s']:.3f}s after the "
-                   f"others" + (f" (rank {r['rank']} on host {r['host']} its last arriver in "
+                   f"others ({r['baseline_lag_s']:.3f}s at pace)" + (f" (rank {r['rank']} on host {r['host']} its last arriver in "
                                 f"{r['steps'][0]}/{r['steps'][1]} steps)" if r["rank"] is not None
                                 else "") + ": a rank slow before its quorum call (data loading, "
                    "logging), not the network")

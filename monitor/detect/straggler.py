@@ -106,7 +106,7 @@ class Window:
     lag_threshold_s: float
     lags: dict[int, float]
     steps_s: np.ndarray  # each step's median step seconds
-    quorum_late: dict[str, Any] | None = None  # Straggler.quorum_late's
+    quorum_lags: dict[int, dict[str, Any]] | None = None  # Straggler.quorum_lags
 
 
 @dataclass(slots=True, eq=False)
@@ -277,7 +277,7 @@ class Straggler:
         self.last_window = Window(window[0], window[-1], meds[STEP_S], meds[COMPUTE_S],
                                   meds[WAIT_CROSS_S], meds[WAIT_GROUP_S], threshold,
                                   self.last_lags, steps_s,
-                                  self.quorum_late(order, members, slots, starts, window, floor))
+                                  self.quorum_lags(order, members, slots, starts, window, floor))
         med_lags = med_lags.tolist()
         findings, mems = self.findings, self.groups
         open_groups = findings.groups("straggler")
@@ -335,14 +335,14 @@ class Straggler:
                 mem.straggler_newest = newest
         return [f for f in new if f]
 
-    def quorum_late(self, order: list[int], members: dict, slots: np.ndarray,
-                    starts: list[int], window: list[int], floor: float) -> dict[str, Any] | None:
-        """The group whose arrival at torchft's quorum the others waited for (job_slow's
-        evidence, docs/monitor.md): a group's least quorum wait a step is its last arriver's,
-        its lag the median over the window of the others' median less its own; the most
-        lagging, if by ``floor`` in 3/4 of the steps (random work before the quorum lags now
-        one group, now another). Only with every polled rank's
-        wait at every step, every group polled whole (a leader alone is not its last arriver)."""
+    def quorum_lags(self, order: list[int], members: dict, slots: np.ndarray,
+                    starts: list[int], window: list[int], floor: float
+                    ) -> dict[int, dict[str, Any]] | None:
+        """Each group's lag at torchft's quorum this window (job_slow's evidence, docs/monitor.md):
+        a group's least quorum wait a step is its last arriver's, its lag a step the others'
+        median less its own; with its last arriver (named when the same rank in 3/4 of the
+        steps) and ``floor`` (the straggler's lag floor). Only with every polled rank's wait at
+        every step, every group polled whole (a leader alone is not its last arriver)."""
         if any(len(members[g]) != members[g][0][0].state.get("group_world_size") for g in order):
             return None
         q = self.memory.quorum(slots, window)
@@ -350,19 +350,17 @@ class Straggler:
             return None
         need = math.ceil(0.75 * len(window))
         lags = straggler_lags(np.minimum.reduceat(q, starts, axis=0), math.inf, need)[0]
-        med = np.median(lags, axis=1)
-        i = int(np.argmax(med))
-        if (lags[i] >= floor).sum() < need:
-            return None
-        g = order[i]
-        last = np.bincount(np.argmin(q[starts[i]:starts[i] + len(members[g])], axis=0),
-                           minlength=len(members[g]))
-        j = int(np.argmax(last))  # the last arriver in most steps: named in 3/4 of them
-        rv = members[g][j][0] if last[j] >= need else None
-        return {"group": g, "rank": rv.rank if rv else None,
-                "host": rv.state.get("host") if rv else None, "lag_s": round(float(med[i]), 4),
-                "steps": [int(last[j]), len(window)],
-                "step_lags_s": [round(x, 4) for x in lags[i].tolist()]}
+        out = {}
+        for i, g in enumerate(order):
+            last = np.bincount(np.argmin(q[starts[i]:starts[i] + len(members[g])], axis=0),
+                               minlength=len(members[g]))
+            j = int(np.argmax(last))
+            rv = members[g][j][0] if last[j] >= need else None
+            out[g] = {"rank": rv.rank if rv else None,
+                      "host": rv.state.get("host") if rv else None,
+                      "steps": [int(last[j]), len(window)], "floor_s": floor,
+                      "step_lags_s": [round(x, 4) for x in lags[i].tolist()]}
+        return out
 
     def _apart(self, slots: np.ndarray, now: float) -> None:
         """Every rank holds a window of its own, but the ranks' rows share none (answered too
