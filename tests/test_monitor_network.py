@@ -1281,7 +1281,7 @@ def test_a_shard_calls_a_group_of_another_slice_gone_on_the_other_shards_word():
     assert gone((set(), False), {other}) == [other]  # ... but the leader killed it
 
 
-def test_job_slow_stores_the_group_torchfts_quorum_waited_for_once_it_is_named(driver):
+def test_job_slow_stores_the_group_torchfts_quorum_waited_for_once_it_is_named(driver, caplog):
     """Every rank serves its quorum waits, alike at pace and in a network slowdown: job_slow
     opens naming no group. Then group 1's second rank turns slow before its quorum call (every
     other rank waits for it in the quorum, so every group waits alike at the cross-group step):
@@ -1313,4 +1313,7 @@ def test_job_slow_stores_the_group_torchfts_quorum_waited_for_once_it_is_named(d
     assert f["resolved_at"] is None and q is not None, f["evidence"]["summary"]
     assert (q["group"], q["rank"]) == (1, slow.state["rank"])
     assert "group 1 arrives at torchft's quorum" in f["evidence"]["summary"]
+    # its confirmation's log line blamed the network: one more says whom it names now
+    named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job_slow now")]
+    assert len(named) == 1 and "group 1 arrives at torchft's quorum" in named[0], named
     assert d.mon.store.decisions() == []  # named, never evicted

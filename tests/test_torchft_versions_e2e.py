@@ -221,6 +221,11 @@ def test_two_groups_are_served_and_verified(jobs, flavour):
         assert state["replica_id"].startswith(f"two_groups_{g}:")
         assert (state["torchft_version"], state["torch_version"]) == (torchft, torch_version)
         assert state["participating"] and state["lighthouse"] == job.lighthouse_url
+        # each step's quorum timed from the rank's start_quorum to torchft's quorum future
+        step_s = {r["step"]: r["step_s"] for r in state["timing"]["recent"]}
+        waits = [q for q in state["timing"]["recent_quorum"] if q["step"] in step_s]
+        assert waits and all(0 <= q["wait_quorum_s"] <= step_s[q["step"]] for q in waits), \
+            state["timing"]
 
         stacks = requests.get(urls[g] + "/v1/stacks", timeout=10)
         assert stacks.status_code == 200 and "MainThread" in stacks.text

@@ -151,6 +151,9 @@ class Enforcer(HostSide, Confirmations):
                 except sqlite3.Error as e:  # a verdict's note: tried again, the sweep goes on
                     failed = f"{type(e).__name__}: {e}"
                     continue
+                if said[1] is not None and said[1:] != self._verdicts.get(f.key, (None,))[1:]:
+                    # its confirmation's line blamed the network: the log says whom it names now
+                    log.warning("%s now: %s", f.kind, f.evidence.get("summary"))
                 self._verdicts[f.key] = said
         self.verdict_trouble.update(failed, now, kind="write")
         open_keys = {f.key for f in self.detectors.open_findings()}
