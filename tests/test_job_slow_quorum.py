@@ -28,25 +28,33 @@ FORWARD, AR = 0.2, 0.01
 
 
 class QuorumJob(Job):
+    active: set[int] | None = None  # the groups training (None: all); the others not started
+
+    def live(self, r: int) -> bool:
+        return self.active is None or r // self.ranks in self.active
+
     def view(self, now: float, judge=None):
-        """Every rank's answer as a WorkerServer serves it asked ``packed=1``."""
+        """Every live rank's answer as a WorkerServer serves it asked ``packed=1``."""
         polls = {t.url: judge_body(t.url, json.dumps(state_packed(json.loads(json.dumps(s))))
                                    .encode(), 0.0, now, state=True)
-                 for t, s in zip(self.targets, self.states, strict=True)}
-        return self.vb.update(self.targets, polls, now=now, judge=judge)
+                 for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True))
+                 if self.live(r)}
+        targets = [t for r, t in enumerate(self.targets) if self.live(r)]
+        return self.vb.update(targets, polls, now=now, judge=judge)
 
     def model(self, pre, rng, *, use_async=False, net=0.0, old=(), bad=()) -> None:
         """One step: rank (g, r) works ``pre(g, r)`` s before its quorum call, then forward; the
         cross-group all_reduce takes ``net`` s more than AR; ``old``: ranks serving no quorum
         waits (an older WorkerServer); ``bad``: ranks serving theirs in ms."""
-        p = {r: 0.02 + pre(r // self.ranks, r % self.ranks) for r in range(self.world)}
+        p = {r: 0.02 + pre(r // self.ranks, r % self.ranks) for r in range(self.world)
+             if self.live(r)}
         quorum = max(p.values()) + 0.005  # the Lighthouse frees every group at once
         f = {r: FORWARD + rng.uniform(0, 0.01) for r in p}
         # at the all_reduce: the async quorum's first waits for the quorum, then for the others
         arrive = {r: max(quorum, p[r] + f[r]) if use_async else quorum + f[r] for r in p}
         done = max(arrive.values()) + AR + net
-        for r, s in enumerate(self.states):
-            group = rng.uniform(0.005, 0.01)
+        for r in p:
+            s, group = self.states[r], rng.uniform(0.005, 0.01)
             row = {"step": self.step, "compute_s": p[r] + f[r],
                    "wait_cross_s": done - p[r] - f[r], "wait_group_s": group,
                    "step_s": done + group}
@@ -161,3 +169,58 @@ def test_a_rank_slow_before_its_quorum_beside_a_logging_rank0_is_named_against_i
     q = seen[-1]["quorum_late"]
     assert q is not None and (q["group"], q["rank"]) == (2, 5), seen[-1]["summary"]
     assert "at pace" in seen[-1]["summary"]
+
+
+def phased(groups: int, ranks: int, phases: list[dict], *, use_async: bool) -> list[dict]:
+    """job_slow's evidence per sweep over ``phases``: each ``sweeps`` sweeps of ``pre`` (and
+    ``net``), with the quorum's ``groups`` (None: all), its id ``qid`` and replica ids ``rid``
+    (``{group: suffix}``: a group restarted), as the ranks report them."""
+    job, det, now, rng = QuorumJob(groups=groups, ranks=ranks, seed=1), Detectors(
+        DetectorConfig()), T0, random.Random(1)
+    seen = []
+    for ph in phases:
+        job.active = ph.get("groups")
+        for r, s in enumerate(job.states):
+            s.update(num_participants=len(job.active or range(groups)),
+                     quorum_id=ph.get("qid", 3),
+                     replica_id=f"replica_group_{r // ranks}:{ph.get('rid', {}).get(r // ranks, 'sim')}")
+        for _ in range(ph["sweeps"]):
+            now += 1.0
+            for _ in range(6):
+                job.model(ph["pre"], rng, use_async=use_async, net=ph.get("net", 0.0))
+            job.steps(0, now=now)
+            assert [f.kind for f in det.update(job.view(now), None, now)
+                    if f.kind != "job_slow"] == []
+            seen += [dict(f.evidence) for f in det.open_findings() if f.kind == "job_slow"]
+    return seen
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_quorum_lags_learned_before_the_quorum_changed_name_no_group(use_async):
+    """A group's quorum lag is against the other groups': learned again when they change.
+    (1) Group 1's host worked 0.3 s before its quorum while the baseline was learned; group 1 is
+    replaced on a healthy host, then the network slows. (2) Global rank 0 logs 0.4 s before its
+    quorum all along; the baseline is learned with two groups, a third joins, then the network
+    slows. Neither names a group (each named one with a baseline kept across the change)."""
+    def busy_host(g, r):
+        return 0.3 if (g, r) == (1, 0) else 0.0
+
+    def logging(g, r):
+        return 0.4 if (g, r) == (0, 0) else 0.0
+
+    def healthy(g, r):
+        return 0.0
+
+    replaced = phased(2, 4, [
+        {"sweeps": 14, "pre": busy_host},
+        {"sweeps": 4, "pre": healthy, "qid": 4, "rid": {1: "new"}},
+        {"sweeps": 10, "pre": healthy, "qid": 4, "rid": {1: "new"}, "net": 0.6}],
+        use_async=use_async)
+    joined = phased(3, 2, [
+        {"sweeps": 14, "pre": logging, "groups": {0, 1}},
+        {"sweeps": 4, "pre": logging, "qid": 4},
+        {"sweeps": 10, "pre": logging, "qid": 4, "net": 0.5}], use_async=use_async)
+    for seen in (replaced, joined):
+        assert seen, "job_slow fires, as before"
+        assert [e["quorum_late"] for e in seen] == [None] * len(seen), seen[-1]["summary"]
+        assert "a network fault slows them all" in seen[-1]["summary"]

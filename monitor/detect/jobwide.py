@@ -248,6 +248,8 @@ class JobWide:
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
             self._changed_at = view.newest_step()
+            # a group's quorum lag is against the others': learned again for these members
+            self.quorum_base.clear()
         if len(groups) < 2 and (size := quorum_size(view, self.cfg.dead_sweeps)) < 2:
             # one group left (or none): nothing job-wide, once it lasts --dead-sweeps (a heal's
             # sweep is no shrink); out-of-sight groups' own findings explain it even when blind
@@ -310,9 +312,10 @@ class JobWide:
         return bool(self._slow) or self._stall_suspected or self._held
 
     def _quorum_late(self, w: Window, rise: float) -> dict[str, Any] | None:
-        """The group the job waits for at torchft's quorum by more than in the baseline: later by
-        LATE_SHARE of the step's rise (and the lag floor) in 3/4 of the window's steps. Against
-        its own baseline: a group always late there (rank 0 logging) explains no slowdown."""
+        """The group the job waits for at torchft's quorum: late by LATE_SHARE of the step's rise
+        (and the lag floor), and by as much more than in the baseline learned since the quorum's
+        groups last changed, in 3/4 of the window's steps. A group always late there (rank 0
+        logging) explains no slowdown; a lag is against the others', so it moves with them."""
         if w.quorum_lags is None or rise <= 0:
             return None
         best = None
@@ -321,8 +324,10 @@ class JobWide:
             if len(seen) < QUORUM_BASE_WINDOWS:
                 continue  # no baseline of its own to hold it against
             base, lags = statistics.median(seen), x["step_lags_s"]
-            over = [v - base for v in lags]
-            if sum(v >= max(LATE_SHARE * rise, x["floor_s"]) for v in over) >= 0.75 * len(lags):
+            least = max(LATE_SHARE * rise, x["floor_s"])
+            # later than at pace by it, and late by it: a lag that only fell less is no arrival
+            if sum(v >= least and v - base >= least for v in lags) >= 0.75 * len(lags):
+                over = [v - base for v in lags]
                 late = statistics.median(over)
                 if best is None or late > best["lag_s"] - best["baseline_lag_s"]:
                     best = {"group": g, "rank": x["rank"], "host": x["host"],
