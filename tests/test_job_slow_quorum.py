@@ -20,7 +20,7 @@ import pytest
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
-from monitor.poll.poller import judge_body
+from monitor.poll.poller import RankPoll, judge_body
 from tests.test_monitor_detectors import T0, Job
 from worker_server.packed import state_packed
 
@@ -29,14 +29,17 @@ FORWARD, AR = 0.2, 0.01
 
 class QuorumJob(Job):
     active: set[int] | None = None  # the groups training (None: all); the others not started
+    fail: frozenset[int] = frozenset()  # groups whose polls time out
 
     def live(self, r: int) -> bool:
         return self.active is None or r // self.ranks in self.active
 
     def view(self, now: float, judge=None):
         """Every live rank's answer as a WorkerServer serves it asked ``packed=1``."""
-        polls = {t.url: judge_body(t.url, json.dumps(state_packed(json.loads(json.dumps(s))))
-                                   .encode(), 0.0, now, state=True)
+        polls = {t.url: RankPoll(t.url, False, reason="timeout", error="timed out", at=now)
+                 if r // self.ranks in self.fail else
+                 judge_body(t.url, json.dumps(state_packed(json.loads(json.dumps(s)))).encode(),
+                            0.0, now, state=True)
                  for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True))
                  if self.live(r)}
         targets = [t for r, t in enumerate(self.targets) if self.live(r)]
@@ -110,7 +113,7 @@ def test_a_rank_slow_before_its_quorum_is_named_in_job_slow(groups, ranks, use_a
     assert q["lag_s"] == pytest.approx(0.3, abs=0.02) and q["steps"] == [6, 6]
     assert f"group {late} arrives at torchft's quorum" in seen[-1]["summary"]
     assert f"rank {slow} on host host-g{late} its last arriver in 6/6 steps" in seen[-1]["summary"]
-    assert "not the network" in seen[-1]["summary"]
+    assert "more likely than the network" in seen[-1]["summary"]
     assert "a network fault slows them all" not in seen[-1]["summary"]
 
 
@@ -174,12 +177,13 @@ def test_a_rank_slow_before_its_quorum_beside_a_logging_rank0_is_named_against_i
 def phased(groups: int, ranks: int, phases: list[dict], *, use_async: bool) -> list[dict]:
     """job_slow's evidence per sweep over ``phases``: each ``sweeps`` sweeps of ``pre`` (and
     ``net``), with the quorum's ``groups`` (None: all), its id ``qid`` and replica ids ``rid``
-    (``{group: suffix}``: a group restarted), as the ranks report them."""
+    (``{group: suffix}``: a group restarted), as the ranks report them; ``fail``: groups whose
+    polls time out."""
     job, det, now, rng = QuorumJob(groups=groups, ranks=ranks, seed=1), Detectors(
         DetectorConfig()), T0, random.Random(1)
     seen = []
     for ph in phases:
-        job.active = ph.get("groups")
+        job.active, job.fail = ph.get("groups"), frozenset(ph.get("fail", ()))
         for r, s in enumerate(job.states):
             s.update(num_participants=len(job.active or range(groups)),
                      quorum_id=ph.get("qid", 3),
@@ -224,3 +228,35 @@ def test_quorum_lags_learned_before_the_quorum_changed_name_no_group(use_async):
         assert seen, "job_slow fires, as before"
         assert [e["quorum_late"] for e in seen] == [None] * len(seen), seen[-1]["summary"]
         assert "a network fault slows them all" in seen[-1]["summary"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_another_groups_pre_quorum_work_that_ended_before_a_network_slowdown_names_no_group(
+        use_async):
+    """Global rank 0 logs 0.3 s before its quorum all along; group 1's host loaded its data
+    0.5 s late for most of the baseline, then no more; then the network slows. Group 0's lag
+    moved with group 1's work, not with the slowdown: held against the newest at-pace windows,
+    nothing is named."""
+    def both(g, r):
+        return {(0, 0): 0.3, (1, 0): 0.5}.get((g, r), 0.0)
+
+    def logging(g, r):
+        return 0.3 if (g, r) == (0, 0) else 0.0
+
+    seen = phased(2, 4, [{"sweeps": 14, "pre": both}, {"sweeps": 4, "pre": logging},
+                         {"sweeps": 10, "pre": logging, "net": 0.7}], use_async=use_async)
+    assert seen, "job_slow fires, as before"
+    assert [e["quorum_late"] for e in seen] == [None] * len(seen), seen[-1]["summary"]
+
+
+def test_a_named_group_stays_named_through_a_sweep_its_polls_time_out():
+    """Rank 3 (group 1) slow before its quorum is named; its group's polls time out one sweep
+    (the busy host), then answer again as the same incarnation: still named, not the network."""
+    def slow(g, r):
+        return 0.5 if (g, r) == (1, 1) else 0.0
+
+    seen = phased(3, 2, [{"sweeps": 14, "pre": lambda g, r: 0.0}, {"sweeps": 6, "pre": slow},
+                         {"sweeps": 1, "pre": slow, "fail": {1}}, {"sweeps": 8, "pre": slow}],
+                  use_async=False)
+    q = seen[-1]["quorum_late"]
+    assert q is not None and (q["group"], q["rank"]) == (1, 3), seen[-1]["summary"]

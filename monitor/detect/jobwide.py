@@ -25,6 +25,9 @@ BASELINE_KEEP = 30  # healthy windows the baseline is the median of (the newest 
 IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in collectives
 LATE_SHARE = 0.5  # of the step's rise, one group's arrival lag this much: it, not the network
 QUORUM_BASE_WINDOWS = 2  # baseline windows with a group's quorum lag before it can be named
+# the newest at-pace windows a group's quorum lag is held against: a group's pre-quorum work
+# that changed (its data loading fixed) moves the others' lags within these
+QUORUM_BASE_KEEP = 5
 # of the hang threshold: a job stall this far on its way starts the probe mesh, so that its
 # rounds are in when the stall confirms
 STALL_SUSPECT = 0.5
@@ -194,7 +197,8 @@ class JobWide:
         # healthy windows: (step, compute, wait_cross, wait_group) medians
         self.baseline: deque[tuple[float, float, float, float]] = deque(maxlen=BASELINE_KEEP)
         # each group's median lag at torchft's quorum in the baseline's windows that had one
-        self.quorum_base: deque[dict[int, float]] = deque(maxlen=BASELINE_KEEP)
+        self.quorum_base: deque[dict[int, float]] = deque(maxlen=QUORUM_BASE_KEEP)
+        self._quorum_rids: frozenset = frozenset()  # the replica ids quorum_base was learned of
         self._newest: int | None = None  # the newest step of the last window judged
         self._baseline_newest: int | None = None  # ... of the last window in the baseline
         # the consecutive slow windows: (ratio, the group late at torchft's quorum or None)
@@ -248,8 +252,12 @@ class JobWide:
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
             self._changed_at = view.newest_step()
-            # a group's quorum lag is against the others': learned again for these members
+        rids = frozenset(rid for _, rid in members)
+        if not rids <= self._quorum_rids:
+            # a group's quorum lag is against the others': learned again once one joined or
+            # restarted (not for one unanswered a sweep: the same incarnation back)
             self.quorum_base.clear()
+            self._quorum_rids = rids
         if len(groups) < 2 and (size := quorum_size(view, self.cfg.dead_sweeps)) < 2:
             # one group left (or none): nothing job-wide, once it lasts --dead-sweeps (a heal's
             # sweep is no shrink); out-of-sight groups' own findings explain it even when blind
@@ -313,8 +321,8 @@ class JobWide:
 
     def _quorum_late(self, w: Window, rise: float) -> dict[str, Any] | None:
         """The group the job waits for at torchft's quorum: late by LATE_SHARE of the step's rise
-        (and the lag floor), and by as much more than in the baseline learned since the quorum's
-        groups last changed, in 3/4 of the window's steps. A group always late there (rank 0
+        (and the lag floor), and by as much more than in the newest at-pace windows since a group
+        last joined or restarted, in 3/4 of the window's steps. A group always late there (rank 0
         logging) explains no slowdown; a lag is against the others', so it moves with them."""
         if w.quorum_lags is None or rise <= 0:
             return None
@@ -532,11 +540,11 @@ class JobWide:
         hosts, host_clock = _hosts(groups), _host_clock_gpus(groups)
         if quorum_late is not None:
             r = quorum_late
+            last = f" (rank {r['rank']} on host {r['host']} its last arriver in " \
+                f"{r['steps'][0]}/{r['steps'][1]} steps)" if r["rank"] is not None else ""
             why = (f"group {r['group']} arrives at torchft's quorum {r['lag_s']:.3f}s after the "
-                   f"others ({r['baseline_lag_s']:.3f}s at pace)" + (f" (rank {r['rank']} on host {r['host']} its last arriver in "
-                                f"{r['steps'][0]}/{r['steps'][1]} steps)" if r["rank"] is not None
-                                else "") + ": a rank slow before its quorum call (data loading, "
-                   "logging), not the network")
+                   f"others ({r['baseline_lag_s']:.3f}s at pace){last}: a rank slow before its "
+                   f"quorum call (data loading, logging) more likely than the network")
         elif late_group is None:
             why = (f"no group is late (largest arrival lag {max_lag:.3f}s, a straggler needs "
                    f"{w.lag_threshold_s:.3f}s): every group waits alike inside the collectives "
