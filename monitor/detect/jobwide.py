@@ -196,7 +196,7 @@ class JobWide:
         self.cfg, self.findings = cfg, findings
         # healthy windows: (step, compute, wait_cross, wait_group) medians
         self.baseline: deque[tuple[float, float, float, float]] = deque(maxlen=BASELINE_KEEP)
-        # each group's median lag at torchft's quorum in the baseline's windows that had one
+        # each group's median lag at torchft's quorum in the newest at-pace windows with one
         self.quorum_base: deque[dict[int, float]] = deque(maxlen=QUORUM_BASE_KEEP)
         self._quorum_rids: frozenset = frozenset()  # the replica ids quorum_base was learned of
         self._newest: int | None = None  # the newest step of the last window judged
