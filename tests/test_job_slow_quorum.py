@@ -260,3 +260,20 @@ def test_a_named_group_stays_named_through_a_sweep_its_polls_time_out():
                   use_async=False)
     q = seen[-1]["quorum_late"]
     assert q is not None and (q["group"], q["rank"]) == (1, 3), seen[-1]["summary"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_group_that_left_for_good_before_a_network_slowdown_moves_no_lag_into_a_name(
+        use_async):
+    """Global rank 0 logs 0.3 s before its quorum; group 2's host loads its data 0.6 s late.
+    Group 2 leaves for good (no replacement), then the network slows: group 0's lag rose only
+    because group 2 left; held against windows of the same groups only, nothing is named."""
+    def pre(g, r):
+        return {(0, 0): 0.3, (2, 0): 0.6}.get((g, r), 0.0)
+
+    seen = phased(3, 2, [{"sweeps": 14, "pre": pre},
+                         {"sweeps": 2, "pre": pre, "groups": {0, 1}, "qid": 4},
+                         {"sweeps": 10, "pre": pre, "groups": {0, 1}, "qid": 4, "net": 0.8}],
+                  use_async=use_async)
+    assert seen, "job_slow fires, as before"
+    assert [e["quorum_late"] for e in seen] == [None] * len(seen), seen[-1]["summary"]

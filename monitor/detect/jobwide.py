@@ -196,9 +196,11 @@ class JobWide:
         self.cfg, self.findings = cfg, findings
         # healthy windows: (step, compute, wait_cross, wait_group) medians
         self.baseline: deque[tuple[float, float, float, float]] = deque(maxlen=BASELINE_KEEP)
-        # each group's median lag at torchft's quorum in the newest at-pace windows with one
-        self.quorum_base: deque[dict[int, float]] = deque(maxlen=QUORUM_BASE_KEEP)
-        self._quorum_rids: frozenset = frozenset()  # the replica ids quorum_base was learned of
+        # the newest at-pace windows with quorum waits: the quorum's replica ids then, and each
+        # group's median lag (against those groups': held only against the same ones)
+        self.quorum_base: deque[tuple[frozenset, dict[int, float]]] = deque(
+            maxlen=QUORUM_BASE_KEEP)
+        self._rids: frozenset = frozenset()  # the replica ids of the newest quorum
         self._newest: int | None = None  # the newest step of the last window judged
         self._baseline_newest: int | None = None  # ... of the last window in the baseline
         # the consecutive slow windows: (ratio, the group late at torchft's quorum or None)
@@ -252,12 +254,7 @@ class JobWide:
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
             self._changed_at = view.newest_step()
-        rids = frozenset(rid for _, rid in members)
-        if not rids <= self._quorum_rids:
-            # a group's quorum lag is against the others': learned again once one joined or
-            # restarted (not for one unanswered a sweep: the same incarnation back)
-            self.quorum_base.clear()
-            self._quorum_rids = rids
+        self._rids = frozenset(rid for _, rid in members)
         if len(groups) < 2 and (size := quorum_size(view, self.cfg.dead_sweeps)) < 2:
             # one group left (or none): nothing job-wide, once it lasts --dead-sweeps (a heal's
             # sweep is no shrink); out-of-sight groups' own findings explain it even when blind
@@ -321,14 +318,14 @@ class JobWide:
 
     def _quorum_late(self, w: Window, rise: float) -> dict[str, Any] | None:
         """The group the job waits for at torchft's quorum: late by LATE_SHARE of the step's rise
-        (and the lag floor), and by as much more than in the newest at-pace windows since a group
-        last joined or restarted, in 3/4 of the window's steps. A group always late there (rank 0
+        (and the lag floor), and by as much more than in the newest at-pace windows of the same
+        groups (replica ids), in 3/4 of the window's steps. A group always late there (rank 0
         logging) explains no slowdown; a lag is against the others', so it moves with them."""
         if w.quorum_lags is None or rise <= 0:
             return None
         best = None
         for g, x in w.quorum_lags.items():
-            seen = [b[g] for b in self.quorum_base if g in b]
+            seen = [b[g] for rids, b in self.quorum_base if rids == self._rids and g in b]
             if len(seen) < QUORUM_BASE_WINDOWS:
                 continue  # no baseline of its own to hold it against
             base, lags = statistics.median(seen), x["step_lags_s"]
@@ -522,8 +519,8 @@ class JobWide:
                 # disjoint windows only: each a sample of its own steps
                 self.baseline.append((w.step_s, w.compute_s, w.wait_cross_s, w.wait_group_s))
                 if w.quorum_lags is not None:
-                    self.quorum_base.append({g: statistics.median(x["step_lags_s"])
-                                             for g, x in w.quorum_lags.items()})
+                    self.quorum_base.append((self._rids, {
+                        g: statistics.median(x["step_lags_s"]) for g, x in w.quorum_lags.items()}))
                 self._baseline_newest = w.newest
             return None
         q = self._quorum_late(w, rise)
