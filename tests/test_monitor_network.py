@@ -957,6 +957,32 @@ def test_survivors_blocked_with_a_group_gone_from_the_quorum_are_told_to_abort(p
     assert [x["decision"] for x in d.mon.store.decisions()] == ["abort"]  # nobody evicted
 
 
+def test_a_survivor_left_blocked_in_an_older_quorum_is_told_to_abort(probing):
+    """Group 3's host drops off while group 2 is blocked with it in quorum q's all_reduce; the
+    others (groups 0 and 1, done with that collective) form quorum q+1 without either. Group 3 is
+    in no newer quorum, yet group 2 is still blocked in q's collective with it: told to abort
+    that collective (for quorum q), not left to its process group's timeout."""
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    q = job.quorum_id
+    for r in job.sim.group(2):  # blocked in q's cross-group all_reduce
+        r.update(phase="allreduce", phase_since=d.clock.t - 0.5,
+                 timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": 0.5}})
+    lose(job, 3)
+    job.alive.discard(2)  # out of the next quorum: 0 and 1 form it alone
+    assert job.requorum() > q
+    job.alive.add(2)  # its Manager still heartbeats
+    d.until(lambda: len(aborts(job, (2,))) == 2, "group 2's ranks told to abort",
+            steps=0, pause=0.1, sweeps=100)
+    assert aborts(job, (0, 1, 3)) == []
+    assert {a["quorum_id"] for a in aborts(job, (2,))} == {q}
+    (dec,) = [x for x in d.mon.store.decisions() if x["decision"] == "abort"]
+    assert (dec["replica_group"], dec["replica_id"], dec["status"]) == (3, job.replica_ids[3],
+                                                                        "sent")
+    assert f"is gone from quorum {q}" in dec["detail"]
+
+
 def test_a_survivor_whose_abort_failed_is_asked_again(probing):
     """A failed request (the rank's server busy) was never repeated, and the decision said
     sent: that survivor waited out the process group's timeout after all."""

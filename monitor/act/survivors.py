@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..detect import collective_wait
@@ -21,6 +21,9 @@ from .actions import RankCalls, rank_name
 log = logging.getLogger(__name__)
 
 ABORT_TRIES = 3  # a survivor whose abort request failed (busy, unreachable) is asked again
+# quorums whose members are kept: a survivor may still be blocked in an older quorum's
+# collective once the others formed a newer one without it (a spare replaced the gone group)
+KEEP_QUORUMS = 8
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,26 @@ class Survivors:
         self.dry_run = dry_run
         self._told: set[tuple[str, str]] = set()  # (gone replica id, survivor url)
         self._failed: dict[tuple[str, str], int] = {}  # the failed requests of one not told
-        # gone replica id -> the survivors last named as not called (why_not), so a skip is
-        # written once per gone group while it stays the same
-        self._skipped: dict[str, frozenset[str]] = {}
+        # (gone replica id, quorum id) -> the survivors last named as not called (why_not), so
+        # a skip is written once per gone group while it stays the same
+        self._skipped: dict[tuple[str, int], frozenset[str]] = {}
         self._held: frozenset[str] = frozenset()  # gone replica ids said held while blind
+        self._quorums: dict[int, frozenset[str]] = {}  # quorum id -> its members' replica ids
+
+    def _gone(self, view: ClusterView, status: LighthouseStatus, evicted: set[str],
+              elsewhere: Elsewhere | None) -> list[Gone]:
+        """:func:`gone_groups` of the newest quorum and of the older ones seen: a group gone
+        from quorum 5 still holds whoever is blocked in quorum 5's collective."""
+        if status.quorum_id is not None:
+            self._quorums[status.quorum_id] = frozenset(status.members)
+            for q in sorted(self._quorums)[:-KEEP_QUORUMS]:
+                del self._quorums[q]
+        out = gone_groups(view, status, evicted, elsewhere)
+        for q, members in sorted(self._quorums.items()):
+            if q != status.quorum_id:
+                older = replace(status, quorum_id=q, members=dict.fromkeys(members))
+                out += gone_groups(view, older, evicted, elsewhere)
+        return out
 
     def release(self, view: ClusterView, evidence: ClusterView,
                 status: LighthouseStatus | None, blind: str | None, evicted: set[str],
@@ -113,7 +132,7 @@ class Survivors:
             return []
         self._held = frozenset()
         made = []
-        for gone in gone_groups(view, status, evicted, elsewhere):
+        for gone in self._gone(view, status, evicted, elsewhere):
             ranks, skipped = [], []
             for r in blocked_survivors(evidence, gone):
                 if (gone.replica_id, r.url) in self._told:
@@ -125,20 +144,21 @@ class Survivors:
                 else:
                     skipped.append((r, why))
             urls = frozenset(r.url for r, _ in skipped)
-            if not ranks and (not skipped or self._skipped.get(gone.replica_id) == urls):
+            key = (gone.replica_id, gone.quorum_id)
+            if not ranks and (not skipped or self._skipped.get(key) == urls):
                 continue
-            self._skipped[gone.replica_id] = urls
+            self._skipped[key] = urls
             made.append(self._abort(gone, ranks, now, view, skipped))
-        live = set(status.members)
+        live = set(status.members).union(*self._quorums.values())
         self._told = {k for k in self._told if k[0] in live}
         self._failed = {k: n for k, n in self._failed.items() if k[0] in live}
-        self._skipped = {k: u for k, u in self._skipped.items() if k in live}
+        self._skipped = {k: u for k, u in self._skipped.items() if k[0] in live}
         return made
 
     def _say_held(self, view: ClusterView, evidence: ClusterView, status: LighthouseStatus,
                   blind: str, evicted: set[str], elsewhere: Elsewhere | None) -> None:
         """One line when a gone group's survivors not told yet wait for the monitor to see."""
-        held = frozenset(g.replica_id for g in gone_groups(view, status, evicted, elsewhere)
+        held = frozenset(g.replica_id for g in self._gone(view, status, evicted, elsewhere)
                          if any((g.replica_id, r.url) not in self._told
                                 for r in blocked_survivors(evidence, g)))
         if held - self._held:
