@@ -193,3 +193,58 @@ def test_reach_for_the_survivors_abort_leaves_out_lost_groups_no_more_than_reach
     got = Enforcer.blind_to_kills(me, NS(evidence_view=ev, ranks=ranks), lighthouse,
                                   unheard=True)
     assert (got is not None) is blind, got
+
+
+def test_after_a_lighthouse_restart_older_quorums_are_its_new_ones():
+    """A restarted Lighthouse numbers its quorums from 1 again: the members kept of the old
+    one's quorums (40-47) give way to the new ones, so a survivor blocked in new quorum 38 with
+    a gone group is told to abort it. The Lighthouse statuses are parsed objects and the ranks
+    and rank calls stand-ins (no Lighthouse restart here): the bookkeeping under test is the
+    monitor's own."""
+    from types import SimpleNamespace as NS
+
+    sent = []
+
+    class Calls:
+        token = "t"
+
+        def why_not(self, view, r):
+            return None
+
+        def abort(self, r, reason, did, quorum, view):
+            sent.append((r.url, quorum))
+            return NS(sent=True, skipped=False, http_status=202, detail="202")
+
+    class Decisions:
+        def add_decision(self, **kw):
+            return 1
+
+        def update_decision(self, *a, **kw):
+            pass
+
+    def status(q, members, heard):
+        return LighthouseStatus(q, {m: QuorumMember(m, 1, "s", 1) for m in members},
+                                dict.fromkeys(heard, 0.1))
+
+    def view(quorums: dict[str, int], blocked: str | None = None):
+        groups = {}
+        for g, (rid, q) in enumerate(quorums.items()):
+            state = {"quorum_id": q, **(BLOCKED if rid == blocked else {"phase": "forward"})}
+            r = NS(url=f"http://{rid}", fresh=True, reachable=True, state=state, rank=g,
+                   replica_id=rid)
+            groups[g] = NS(replica_id=rid, reported_replica_ids={rid}, ranks=[r], reachable=[r],
+                           superseded=[])
+        return NS(groups=groups)
+
+    survivors = Survivors(Calls(), Decisions(), MonitorMetrics("t"), "t")
+    for q in range(40, 48):  # the old Lighthouse; "old" long gone from all of them
+        v = view({"a": q, "b": q})
+        survivors.release(v, v, status(q, ["a", "b", "old"], ["a", "b"]), None, set(), 0.0)
+    for q in range(1, 39):  # restarted: a, b and c train
+        v = view({"a": q, "b": q})
+        survivors.release(v, v, status(q, ["a", "b", "c"], ["a", "b", "c"]), None, set(), 0.0)
+    assert sent == []
+    # c's host drops; a forms 39 with a spare; b is still blocked in 38's all_reduce with c
+    v = view({"a": 39, "b": 38}, blocked="b")
+    survivors.release(v, v, status(39, ["a", "spare"], ["a", "b", "spare"]), None, set(), 0.0)
+    assert sent == [("http://b", 38)]

@@ -97,8 +97,8 @@ class Survivors:
                  dry_run: bool = False) -> None:
         self.aborts, self.store, self.metrics, self.job = aborts, store, metrics, job
         self.dry_run = dry_run
-        self._told: set[tuple[str, str]] = set()  # (gone replica id, survivor url)
-        self._failed: dict[tuple[str, str], int] = {}  # the failed requests of one not told
+        self._told: set[tuple[str, int, str]] = set()  # (gone replica id, quorum id, url)
+        self._failed: dict[tuple[str, int, str], int] = {}  # the failed requests of one not told
         # (gone replica id, quorum id) -> the survivors last named as not called (why_not), so
         # a skip is written once per gone group while it stays the same
         self._skipped: dict[tuple[str, int], frozenset[str]] = {}
@@ -109,10 +109,20 @@ class Survivors:
               elsewhere: Elsewhere | None) -> list[Gone]:
         """:func:`gone_groups` of the newest quorum and of the older ones seen: a group gone
         from quorum 5 still holds whoever is blocked in quorum 5's collective."""
-        if status.quorum_id is not None:
-            self._quorums[status.quorum_id] = frozenset(status.members)
-            for q in sorted(self._quorums)[:-KEEP_QUORUMS]:
-                del self._quorums[q]
+        q = status.quorum_id
+        if q is not None:
+            if self._quorums and q not in self._quorums and q < max(self._quorums):
+                self._quorums.clear()  # a restarted Lighthouse numbers its quorums from 1 again
+            self._quorums[q] = frozenset(status.members)
+            while len(self._quorums) > KEEP_QUORUMS:
+                del self._quorums[min(self._quorums)]
+        if elsewhere is not None:  # the other shards asked once a sweep (an etcd read)
+            asked, said = elsewhere, []
+
+            def elsewhere() -> tuple[set[str], bool]:
+                if not said:
+                    said.append(asked())
+                return said[0]
         out = gone_groups(view, status, evicted, elsewhere)
         for q, members in sorted(self._quorums.items()):
             if q != status.quorum_id:
@@ -135,7 +145,7 @@ class Survivors:
         for gone in self._gone(view, status, evicted, elsewhere):
             ranks, skipped = [], []
             for r in blocked_survivors(evidence, gone):
-                if (gone.replica_id, r.url) in self._told:
+                if (gone.replica_id, gone.quorum_id, r.url) in self._told:
                     continue
                 # not called (Claims, torch's server): no try counted, checked again next sweep
                 why = self.aborts.why_not(view, r)
@@ -159,7 +169,7 @@ class Survivors:
                   blind: str, evicted: set[str], elsewhere: Elsewhere | None) -> None:
         """One line when a gone group's survivors not told yet wait for the monitor to see."""
         held = frozenset(g.replica_id for g in self._gone(view, status, evicted, elsewhere)
-                         if any((g.replica_id, r.url) not in self._told
+                         if any((g.replica_id, g.quorum_id, r.url) not in self._told
                                 for r in blocked_survivors(evidence, g)))
         if held - self._held:
             log.warning("not telling the survivors blocked with gone replica(s) %s to abort "
@@ -178,7 +188,7 @@ class Survivors:
             status="dry_run" if self.dry_run else "sending" if ranks else "skipped", at=now)
         outcomes, sent, moved = [], 0, 0
         for r in ranks:
-            key = (gone.replica_id, r.url)
+            key = (gone.replica_id, gone.quorum_id, r.url)
             if self.dry_run:
                 self._told.add(key)
                 outcomes.append(f"{rank_name(r)}: would abort (dry run)")
