@@ -181,6 +181,8 @@ class StepTimer:
 
     def begin_step(self) -> None:
         """A step begins (``start_quorum``) unless one is already running."""
+        if self._step_began is None:  # first: the CUDA probe below is the step's time too
+            self._step_began = self._clock()
         if self._device is None and self._device_mode == "auto" and _cuda_in_use():
             try:
                 self._device = CudaEvents()
@@ -188,8 +190,6 @@ class StepTimer:
                 self._device_mode = "off"
                 log.warning("CUDA event timing unavailable; step timing stays on host time",
                             exc_info=True)
-        if self._step_began is None:
-            self._step_began = self._clock()
 
     def quorum_called(self) -> Callable[[object], None]:
         """At the rank's ``start_quorum``: the done-callback of this step's quorum future, which
