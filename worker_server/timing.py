@@ -273,7 +273,7 @@ class StepTimer:
                   for t, q in zip(recent, quorums, strict=True) if q is not None]
         if not recent:
             return {"last_step": None, "window": None, "waiting": waiting, "recent": [],
-                    "recent_quorum": quorum, "clock": self.clock}
+                    QUORUM_KEY: quorum, "clock": self.clock}
         last = recent[-self._window:]
         window: dict[str, float | int] = {"steps": len(last)}
         for key in ("step_s", "compute_s", "wait_cross_s", "wait_group_s"):

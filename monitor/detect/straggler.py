@@ -16,7 +16,7 @@ import numpy as np
 from monitor.config import DetectorConfig
 from monitor.evidence.group import rank_order
 from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankView
-from rank_wire import TIMING_KEYS, TIMING_ROWS
+from rank_wire import QUORUM_KEY, TIMING_KEYS, TIMING_ROWS
 
 from .findings import Finding, Findings
 from .rank_state import phases
@@ -185,7 +185,7 @@ class Straggler:
                 slot = take(url, rid)
             timing = s.get("timing")
             rows = timing.get("recent") if type(timing) is dict else None
-            waits = timing.get("recent_quorum") if type(timing) is dict else None
+            waits = timing.get(QUORUM_KEY) if type(timing) is dict else None
             slots.append(slot)
             blobs.append(rows if type(rows) is bytes else b"")
             quorum.append(waits if type(waits) is bytes else b"")

@@ -13,6 +13,7 @@ import msgspec
 
 from rank_wire import (
     PACKED_FORMAT,
+    QUORUM_KEY,
     QUORUM_RECORD,
     RECENT_STEPS,
     SECONDS_SIZE,
@@ -135,7 +136,7 @@ _TIMING_FIELDS = frozenset(_Timing.__annotations__)
 _ROW_FIELDS = frozenset(_Row.__annotations__) | frozenset(_Waiting.__annotations__) \
     | frozenset(_Quorum.__annotations__)
 _DEVICE_FIELDS = frozenset(_Device.__annotations__)
-_LISTS = ("recent", "recent_quorum")  # timing's packed lists
+_LISTS = ("recent", QUORUM_KEY)  # timing's packed lists
 
 
 def _scalar(v: Any) -> Any:
@@ -215,8 +216,8 @@ def pack_state(doc: dict[str, Any]) -> dict[str, Any]:
     if type(timing) is dict:
         timing["recent"] = _kept(timing.get("recent"), served, TIMING_ROW.size, pack_rows,
                                  TIMING_ROWS)
-        if "recent_quorum" in timing:  # an older rank's answer has none: NaN to the detectors
-            timing["recent_quorum"] = _kept(timing["recent_quorum"], served,
+        if QUORUM_KEY in timing:  # an older rank's answer has none: NaN to the detectors
+            timing[QUORUM_KEY] = _kept(timing[QUORUM_KEY], served,
                                             QUORUM_RECORD.size, pack_quorum, TIMING_ROWS)
     if "recent_step_seconds" in doc:
         doc["recent_step_seconds"] = _kept(doc["recent_step_seconds"], served, SECONDS_SIZE,
