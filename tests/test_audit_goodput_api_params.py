@@ -61,3 +61,19 @@ def test_a_count_below_its_least_is_a_400_not_raised_to_it(monitor, path):
     name = path.split("?")[1].split("=")[0]
     assert r.status_code == 400 and r.json()["error"].startswith(f"{name} must be"), r.text
     assert requests.get(monitor.url + path.split("=")[0] + "=10", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("path,name", [
+    ("/v1/evictions?decision=evicted", "decision"), ("/v1/evictions?decision=EVICT", "decision"),
+    ("/v1/findings?open=maybe", "open"), ("/v1/findings?kind=hang", "'kind'"),
+    ("/v1/evictions?replica_group=1", "'replica_group'"), ("/v1/goodput?limit=5", "'limit'"),
+    ("/v1/incidents?decision=evict", "'decision'")])
+def test_a_misspelt_filter_is_a_400_not_every_row(monitor, path, name):
+    """``?decision=evicted`` answered 200 ``[]`` (read as "no evictions") and ``?kind=hang``
+    every finding (read as "all of them hangs"): a value or a parameter the route does not know
+    is refused, naming it."""
+    r = requests.get(monitor.url + path, timeout=10)
+    assert r.status_code == 400 and name in r.json()["error"], r.text
+    for ok in ("/v1/evictions?decision=evict", "/v1/evictions?decision=hold&limit=3",
+               "/v1/findings?open=TRUE", "/v1/findings?open=0", "/v1/incidents?limit=2"):
+        assert requests.get(monitor.url + ok, timeout=10).status_code == 200, ok

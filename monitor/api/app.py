@@ -68,6 +68,25 @@ def _check_admin(cfg: MonitorConfig) -> None:
     abort(401, "missing or wrong bearer token")
 
 
+DECISIONS = ("evict", "hold", "abort", "proposed")  # the decisions table's kinds
+
+
+def _asked(*names: str) -> None:
+    """Refuses a query parameter the route does not know: a misspelt filter would otherwise
+    answer everything, read as what was asked."""
+    unknown = sorted(set(request.args) - set(names))
+    if unknown:
+        raise BadTarget(f"unknown query parameter(s) {', '.join(repr(u[:40]) for u in unknown[:5])}"
+                        f"; this route takes {', '.join(names) or 'none'}")
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> str | None:
+    raw = request.args.get(name) or None
+    if raw is not None and raw not in choices:
+        raise BadTarget(f"{name} must be one of {', '.join(choices)}, got {raw[:40]!r}")
+    return raw
+
+
 def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
     raw = request.args.get(name, str(default))
     try:
@@ -181,7 +200,11 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/v1/findings")
     def findings():
-        open_only = request.args.get("open", "").lower() in ("1", "true", "yes")
+        _asked("open", "limit")
+        raw = request.args.get("open", "").lower()
+        if raw not in ("", "1", "0", "true", "false", "yes", "no"):
+            raise BadTarget(f"open must be 1, true, yes, 0, false or no, got {raw[:40]!r}")
+        open_only = raw in ("1", "true", "yes")
         rows = monitor.store.findings(limit=_limit(), open_only=open_only)
         for r in rows:
             r["open"] = r["resolved_at"] is None
@@ -189,16 +212,19 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/v1/evictions")
     def evictions():
+        _asked("decision", "limit")
         return jsonify(views.decisions_json(monitor, monitor.store.decisions(
-            limit=_limit(), decision=request.args.get("decision") or None)))
+            limit=_limit(), decision=_choice("decision", DECISIONS))))
 
     @app.get("/v1/goodput")
     def goodput():
+        _asked("incidents", "intervals")
         return jsonify(views.goodput_json(monitor, incidents=_limit("incidents", 50, 0),
                                           intervals=_limit("intervals", 200, 0)))
 
     @app.get("/v1/incidents")
     def incidents():
+        _asked("limit")
         return jsonify(views.incidents_json(monitor, limit=_limit("limit", 100)))
 
     @app.get("/v1/incidents/<bundle_id>/bundle")
