@@ -130,6 +130,30 @@ def test_a_kill_that_landed_is_confirmed_at_the_first_sweep_that_sees_again(tmp_
         mon.stop()
 
 
+def test_a_confirmed_kill_names_the_lighthouses_quorum_that_dropped_it(tmp_path, job):
+    """The detail named the quorum the survivors last reported, which may still hold the killed
+    group (the demo's read "quorum_id 6, 3 participants" for a group that had left): once the
+    Lighthouse issued a quorum without it, that quorum is the one named."""
+    skew = [0.0]
+    mon = monitor(tmp_path, job, skew)
+    try:
+        client = create_app(mon).test_client()
+        mon.sweep_once()
+        before = job.quorum_id
+        rid = job.replica_ids[1]
+        evict(client, 1)
+        lighthouse_drops(job, rid)
+        after = job.requorum()  # the survivors' next quorum, without group 1
+        assert after != before
+        skew[0] += 1.0
+        mon.sweep_once()
+        row = eviction(client, rid)
+        assert row["status"] == "confirmed", row
+        assert f"the Lighthouse's quorum {after}: 2 participants without it" in row["detail"], row
+    finally:
+        mon.stop()
+
+
 def test_the_monitors_own_kills_do_not_blind_it_to_their_confirmation(tmp_path, job):
     """Two of three groups killed: most ranks it knows stop answering, because of its kills.
     Those ranks do not count against its reach: both kills are confirmed at the first sweep

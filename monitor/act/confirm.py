@@ -79,6 +79,10 @@ class Confirmations:
             lh = "" if lighthouse is None else "; the Lighthouse no longer hears it"
             if unreached:  # out of the quorum before the kill
                 gone = "no rank reports it any more"
+            elif lighthouse is not None and lighthouse.quorum_id is not None \
+                    and rid not in lighthouse.members:  # the quorum that dropped it
+                gone = (f"left the quorum (the Lighthouse's quorum {lighthouse.quorum_id}: "
+                        f"{len(lighthouse.members)} participants without it)")
             else:  # the ranks' word: they may not be in the quorum that dropped it yet
                 gone = (f"left the quorum (the survivors last said quorum_id {view.quorum_id}, "
                         f"{view.quorum_participants()} participants)")
