@@ -70,6 +70,20 @@ def test_a_straggler_is_judged_from_its_onset_not_over_the_healthy_steps_before(
     assert "note: stragglers judged over the collectives enqueued since the monitor's finding began" in text
 
 
+def test_a_bundles_fr_folder_given_alone_says_to_give_the_bundle(tmp_path, capsys):
+    """The bundle's ``fr/`` folder read as plain dumps judges every step (the healthy ones outvote
+    the straggler: no finding), which an on-call reader took for "the dumps clear it": a note says
+    to give the bundle itself."""
+    folder = slow_after_healthy(tmp_path, 3, 148, 16)
+    code, report, _, text = run(capsys, folder + "/fr")
+    assert "bundles" not in report or not report["bundles"]
+    said = f"{folder}/fr is an incident bundle's fr/ folder: analyze the bundle ({folder}"
+    assert any(n.startswith(said) for n in report["notes"]), report["notes"]
+    assert said in text
+    code, report, _, _ = run(capsys, folder)  # the bundle itself: no such note
+    assert not any("incident bundle's fr/ folder" in n for n in report["notes"])
+
+
 def test_too_few_collectives_since_the_onset_is_unchecked_not_a_disagreement(tmp_path, capsys):
     """The monitor's finding began 5 steps before the bundle: too few to time anyone."""
     code, report, _, text = run(capsys, slow_after_healthy(tmp_path, 3, 148, 16, onset_before=5))

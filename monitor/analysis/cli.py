@@ -196,6 +196,11 @@ def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
         if b.error:
             out.errors.append({"path": raw, "error": b.error})
         return
+    if Path(raw).is_dir() and Path(raw).name == FR_DIR and is_bundle(Path(raw).parent):
+        # read alone, its straggler is judged over every step, the healthy ones outvoting it
+        out.notes.append(f"{raw} is an incident bundle's {FR_DIR}/ folder: analyze the bundle "
+                         f"({Path(raw).parent}, or its .tar.gz) to judge from the finding's "
+                         "onset and compare with the monitor's verdict")
     try:
         folders = quorum_folders(raw) if not Path(raw).is_file() else {}
     except SeveralJobs as e:  # read as one, jobA's quorum 2 would be jobB's
