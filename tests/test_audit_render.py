@@ -93,3 +93,26 @@ def test_overview_past_its_bound_lists_the_groups_to_look_at_first(tmp_path, mon
     finally:
         mon.stop()
         sim.stop()
+
+
+def test_a_long_decision_detail_is_whole_on_the_overview(tmp_path):
+    """The decisions table cut ``detail`` at 200 characters, where a kill's outcome, the ranks
+    told to exit and the confirmation come last: past that length it is folded, not cut."""
+    from monitor.store import Store
+
+    tail = "; left the quorum (the Lighthouse's quorum 7: 2 participants without it)"
+    long = "straggler confirmed in replica group 1: " + "x" * 300 + tail
+    store = Store(str(tmp_path / "m.db"))
+    store.add_decision(replica_group=1, replica_id="g1", decision="evict", reason="straggler",
+                       detail=long, status="confirmed")
+    store.add_decision(replica_group=2, replica_id="g2", decision="hold", reason="cooldown",
+                       detail="short <b>one</b>")
+    store.close()
+    mon = Monitor(MonitorConfig(port=0, targets=[], state_path=str(tmp_path / "m.db")))
+    try:
+        page = create_app(mon).test_client().get("/").get_data(as_text=True)
+        table = page[page.index('<table id="decisions">'):page.index("<h2>Incident bundles")]
+        assert tail.replace("'", "&#39;") in table and '<details class="detail">' in table
+        assert "short &lt;b&gt;one&lt;/b&gt;" in table and table.count("<details") == 1
+    finally:
+        mon.stop()
