@@ -169,7 +169,9 @@ ALERTS = [
         "The monitor's host ledger quarantined host {{ $labels.host }}: it offended (a hang, "
         "mismatch, dead rank, network fault or dead group, or a repeated straggler) within the "
         "quarantine window. Groups "
-        "that come back on it are evicted; the sinks (--action) cordon or drain it.",
+        "that come back on it are evicted; the monitor's --action sinks, if it runs any "
+        "(GET /v1/hosts: actions, and each host's), cordon or drain it: with none, nothing "
+        "tells the scheduler.",
         "GET /v1/hosts on the monitor for the offences and their findings; check the host's "
         "hardware (GPU, NIC, memory); once repaired, POST /v1/hosts/{{ $labels.host }}/release "
         "(bearer token), else it expires after --quarantine-ttl.",

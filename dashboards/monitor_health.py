@@ -130,12 +130,14 @@ def monitor_health() -> dict:
     L.add(timeseries(
         "Eviction decisions (evict / hold)",
         "What the monitor decided for each confirmed finding: evict, or hold back (dry run, "
-        "eviction budget, quorum too small, ...), per interval.",
+        "eviction budget, quorum too small, ...), per interval. A hold already_evicted "
+        "follows each kill (its finding still open a sweep later): nothing held back.",
         [target(step_events("lightkeeper_monitor_eviction_decisions_total", J,
                             "decision, reason"), "{{decision}}: {{reason}}")],
         draw="bars", fill=80, min_=0), 14, 8)
     L.add(table(
-        "Decisions in the time range", "Eviction decisions over the dashboard's time range.",
+        "Decisions in the time range", "Eviction decisions over the dashboard's time range "
+        "(hold already_evicted: the sweep after each kill, nothing held back).",
         [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason"),
                 "", instant=True, fmt="table")],
         transformations=[{"id": "organize", "options": {
