@@ -17,6 +17,7 @@ from monitor.detect.hang import Hang
 from monitor.detect.jobwide import JobWide
 from monitor.detect.liveness import Liveness
 from monitor.detect.network import Network
+from monitor.detect.pre_quorum import PreQuorum
 from monitor.detect.rank_state import SeenGroups
 from monitor.detect.straggler import GroupMemory, Straggler, from_flight_recorder
 from monitor.evidence.lighthouse_status import LighthouseStatus
@@ -45,6 +46,7 @@ class Detectors:
         self.hang = Hang(self.cfg, self.findings)
         self.straggler = Straggler(self.cfg, self.findings, self._groups)
         self.jobwide = JobWide(self.cfg, self.findings)
+        self.pre_quorum = PreQuorum(self.cfg, self.findings)
         self.net = Network(probes or ProbeConfig(), self.findings)
         self._seen = SeenGroups()
         self._commit_failures: dict[str, int] = {}
@@ -216,7 +218,11 @@ class Detectors:
                 full, now, self._starting_urls(full), self._groups, view, lighthouse, evicted)),
             # after the per-group detectors: a group they name explains the job
             ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted,
-                                               lighthouse, cut_off, full)))
+                                               lighthouse, cut_off, full)),
+            # job_slow's group late at its quorum: a straggler once its rank's work explains it
+            ("pre_quorum", lambda: self.pre_quorum.judge(
+                self.straggler.last_window, view, now,
+                self.findings.open.get(("job_slow", None, None)))))
         new = [f for name, step in steps for f in self._guarded(name, step)]
         self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps, cut_off)
         self._note_commit_failures(view)

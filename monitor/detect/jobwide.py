@@ -197,8 +197,9 @@ class JobWide:
         # healthy windows: (step, compute, wait_cross, wait_group) medians
         self.baseline: deque[tuple[float, float, float, float]] = deque(maxlen=BASELINE_KEEP)
         # the newest at-pace windows with quorum waits: the quorum's replica ids then, and each
-        # group's median lag (against those groups': held only against the same ones)
-        self.quorum_base: deque[tuple[frozenset, dict[int, float]]] = deque(
+        # group's median lag (against those groups': held only against the same ones) and its
+        # ranks' extra work (Straggler.quorum_lags)
+        self.quorum_base: deque[tuple[frozenset, dict[int, tuple[float, dict]]]] = deque(
             maxlen=QUORUM_BASE_KEEP)
         self._rids: frozenset = frozenset()  # the replica ids of the newest quorum
         self._newest: int | None = None  # the newest step of the last window judged
@@ -325,7 +326,8 @@ class JobWide:
             return None
         best = None
         for g, x in w.quorum_lags.items():
-            seen = [b[g] for rids, b in self.quorum_base if rids == self._rids and g in b]
+            at_pace = [b[g] for rids, b in self.quorum_base if rids == self._rids and g in b]
+            seen = [lag for lag, _ in at_pace]
             if len(seen) < QUORUM_BASE_WINDOWS:
                 continue  # no baseline of its own to hold it against
             base, lags = statistics.median(seen), x["step_lags_s"]
@@ -335,10 +337,13 @@ class JobWide:
                 over = [v - base for v in lags]
                 late = statistics.median(over)
                 if best is None or late > best["lag_s"] - best["baseline_lag_s"]:
+                    was = [e[x["rank"]] for _, e in at_pace if x["rank"] in e]  # at pace
                     best = {"group": g, "rank": x["rank"], "host": x["host"],
                             "lag_s": round(statistics.median(lags), 4),
                             "baseline_lag_s": round(base, 4), "steps": x["steps"],
-                            "step_lags_s": lags}
+                            "step_lags_s": lags, "extra_s": x["extra_s"],
+                            "baseline_extra_s": round(statistics.median(was), 4)
+                            if was else None}
         return best
 
     def baseline_medians(self) -> tuple[float, float, float, float] | None:
@@ -520,7 +525,8 @@ class JobWide:
                 self.baseline.append((w.step_s, w.compute_s, w.wait_cross_s, w.wait_group_s))
                 if w.quorum_lags is not None:
                     self.quorum_base.append((self._rids, {
-                        g: statistics.median(x["step_lags_s"]) for g, x in w.quorum_lags.items()}))
+                        g: (statistics.median(x["step_lags_s"]), x["extras_s"])
+                        for g, x in w.quorum_lags.items()}))
                 self._baseline_newest = w.newest
             return None
         q = self._quorum_late(w, rise)

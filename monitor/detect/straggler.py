@@ -277,7 +277,8 @@ class Straggler:
         self.last_window = Window(window[0], window[-1], meds[STEP_S], meds[COMPUTE_S],
                                   meds[WAIT_CROSS_S], meds[WAIT_GROUP_S], threshold,
                                   self.last_lags, steps_s,
-                                  self.quorum_lags(order, members, slots, starts, window, floor))
+                                  self.quorum_lags(order, members, slots, starts, window, floor,
+                                                   timings))
         med_lags = med_lags.tolist()
         findings, mems = self.findings, self.groups
         open_groups = findings.groups("straggler")
@@ -291,8 +292,10 @@ class Straggler:
             if not is_late[i]:
                 mem.straggler_windows, mem.straggler_first_seen, mem.straggler_lags = 0, None, []
                 self._streaks.discard(g)
-                if g in open_groups:
-                    findings.resolve(("straggler", g, groups[g].replica_id), "caught_up", now)
+                f = findings.open.get(("straggler", g, groups[g].replica_id))
+                # one found before its quorum shows no arrival lag: pre_quorum resolves it
+                if f is not None and f.evidence.get("cause") != "before_quorum":
+                    findings.resolve(f.key, "caught_up", now)
                 continue
             mem.straggler_windows += 1
             self._streaks.add(g)
@@ -336,13 +339,16 @@ class Straggler:
         return [f for f in new if f]
 
     def quorum_lags(self, order: list[int], members: dict, slots: np.ndarray,
-                    starts: list[int], window: list[int], floor: float
+                    starts: list[int], window: list[int], floor: float, timings: np.ndarray
                     ) -> dict[int, dict[str, Any]] | None:
         """Each group's lag at torchft's quorum this window (job_slow's evidence, docs/monitor.md):
         a group's least quorum wait a step is its last arriver's, its lag a step the others'
         median less its own; with its last arriver (named when the same rank in 3/4 of the
-        steps) and ``floor`` (the straggler's lag floor). Only with every polled rank's wait at
-        every step, every group polled whole (a leader alone is not its last arriver)."""
+        steps) and ``floor`` (the straggler's lag floor); ``extras_s``: per rank of it, its median
+        compute a step less the median of every other polled rank's (work before the quorum
+        shows there, a wait does not), ``extra_s`` its named last arriver's. Only with every
+        polled rank's wait at every step, every group polled whole (a leader alone is not its
+        last arriver)."""
         if any(len(members[g]) != members[g][0][0].state.get("group_world_size") for g in order):
             return None
         q = self.memory.quorum(slots, window)
@@ -350,14 +356,20 @@ class Straggler:
             return None
         need = math.ceil(0.75 * len(window))
         lags = straggler_lags(np.minimum.reduceat(q, starts, axis=0), math.inf, need)[0]
+        # per polled rank, the others' median compute less its own: its extra work, negated
+        extra = (-straggler_lags(np.median(timings[:, :, COMPUTE_S], axis=1)[:, None],
+                                 math.inf, 1)[0][:, 0]).round(4).tolist()
         out = {}
         for i, g in enumerate(order):
             last = np.bincount(np.argmin(q[starts[i]:starts[i] + len(members[g])], axis=0),
                                minlength=len(members[g]))
             j = int(np.argmax(last))
             rv = members[g][j][0] if last[j] >= need else None
+            mine = extra[starts[i]:starts[i] + len(members[g])]
             out[g] = {"rank": rv.rank if rv else None,
                       "host": rv.state.get("host") if rv else None,
+                      "extra_s": mine[j] if rv else None,
+                      "extras_s": {m[0].rank: e for m, e in zip(members[g], mine, strict=True)},
                       "steps": [int(last[j]), len(window)], "floor_s": floor,
                       "step_lags_s": [round(x, 4) for x in lags[i].tolist()]}
         return out

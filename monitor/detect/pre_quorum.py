@@ -1,0 +1,87 @@
+"""``straggler`` found before the quorum: a rank slow before its torchft quorum call (data
+loading, logging) keeps its own group's peers waiting in that call like every other group, so
+its group shows no arrival lag and only ``job_slow`` fires, naming it in ``quorum_late``. Named
+there for --straggler-windows windows, and the rise of the rank's own work (its compute a step
+over the other ranks', against its own at pace) explaining LATE_SHARE of its group's rise in
+lag, the group is a straggler like any other (evicted, its host's offence counted). A failure of this check is logged and skipped
+for the sweep by Detectors; the rule: docs/detectors.md."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from monitor.config import DetectorConfig
+from monitor.evidence.view import ClusterView
+
+from .findings import Finding, Findings
+from .jobwide import LATE_SHARE
+from .straggler import Window
+
+
+class PreQuorum:
+    def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
+        self.cfg, self.findings = cfg, findings
+        self._newest: int | None = None  # the newest step of the last window judged
+        self._streak: tuple[int, int, int] | None = None  # (group, rank, windows in a row)
+
+    def judge(self, w: Window | None, view: ClusterView, now: float,
+              slow: Finding | None) -> list[Finding]:
+        if w is None or w.newest == self._newest:
+            return []  # no newer steps: nothing new to judge
+        self._newest = w.newest
+        self._resolve(w, now)
+        # job_slow judged this window (its evidence is not an older window's)
+        q = slow.evidence.get("quorum_late") if slow is not None \
+            and slow.evidence.get("steps") == [w.first, w.newest] else None
+        got = self._explains(w, q)
+        if got is None:
+            self._streak = None
+            return []
+        g, r = q["group"], q["rank"]
+        n = self._streak[2] + 1 if self._streak is not None and self._streak[:2] == (g, r) else 1
+        self._streak = (g, r, n)
+        gv = view.groups.get(g)
+        if n < self.cfg.straggler_windows or gv is None:
+            return []
+        own, over = got
+        ev = {"summary": f"rank {r} on host {q['host']} is slow before its quorum call (data "
+                         f"loading, logging): replica group {g} arrives at torchft's quorum "
+                         f"{q['lag_s']:.3f}s after the others ({q['baseline_lag_s']:.3f}s at "
+                         f"pace), and the rank's own work a step rose by {own:.3f}s over the "
+                         f"other ranks', {own / over:.0%} of that; its peers wait for it inside "
+                         f"the quorum call, so the group shows no arrival lag",
+              "cause": "before_quorum", "lag_s": q["lag_s"],
+              "baseline_lag_s": q["baseline_lag_s"], "extra_work_s": q["extra_s"],
+              "baseline_extra_work_s": q["baseline_extra_s"],
+              "threshold_s": round(w.lag_threshold_s, 4), "steps": [w.first, w.newest],
+              "job_slow_ratio": slow.evidence.get("ratio"), "quorum_id": view.quorum_id,
+              # the job_slow it explains: the goodput ledger counts from that onset
+              "job_findings": ["job_slow"]}
+        f = self.findings.confirm("straggler", gv, [r], ev, slow.first_seen, now, view)
+        return [f] if f else []
+
+    def _explains(self, w: Window, q: dict[str, Any] | None) -> tuple[float, float] | None:
+        """(the named rank's rise in extra work a step over its at-pace extra, its group's lag
+        over its lag at pace) when ``job_slow``'s ``quorum_late`` names a group late by the
+        straggler threshold and that rise explains LATE_SHARE of the lag's; else None. Work the
+        rank always did (rank 0 logging) explains no rise: another group's work ending, or the
+        network, moved the lag."""
+        if q is None or q["rank"] is None or q.get("baseline_extra_s") is None:
+            return None
+        own, over = q["extra_s"] - q["baseline_extra_s"], q["lag_s"] - q["baseline_lag_s"]
+        if q["lag_s"] < w.lag_threshold_s or over <= 0 or own < LATE_SHARE * over:
+            return None
+        return own, over
+
+    def _resolve(self, w: Window, now: float) -> None:
+        """Its findings whose group's median quorum lag is back under the straggler threshold:
+        ``caught_up`` (a group gone or replaced: Findings' lifecycle)."""
+        if w.quorum_lags is None:
+            return
+        for key, f in list(self.findings.open.items()):
+            x = w.quorum_lags.get(key[1])
+            if key[0] == "straggler" and f.evidence.get("cause") == "before_quorum" \
+                    and x is not None \
+                    and statistics.median(x["step_lags_s"]) < w.lag_threshold_s:
+                self.findings.resolve(key, "caught_up", now)

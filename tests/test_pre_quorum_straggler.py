@@ -1,0 +1,199 @@
+"""A rank slow before its torchft quorum call (data loading, logging before ``zero_grad``) is a
+straggler (monitor/detect/pre_quorum.py): its group's peers wait for it inside the quorum call
+like every other group, so the group shows no arrival lag and job_slow names it in
+``quorum_late``; once the rank's own work (its compute a step over the other ranks', against
+its own at pace) explains half its group's rise in lag, for --straggler-windows windows, a
+``straggler`` finding (cause ``before_quorum``) names it and job_slow is explained. A network
+slowdown that moves a group's quorum lag (another group's work ended before it) raises nobody's
+own work: nothing is found.
+
+The step model and poll path are tests/test_job_slow_quorum.py's (rows served packed, read by
+the poller, judged by the real Detectors); the enforcer is the real one, its Lighthouse a
+recorder of kills (tests/test_detect_enforcer_lifecycle.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from monitor.act.bundles import Bundles
+from monitor.act.enforcer import Enforcer
+from monitor.act.hosts import HostLedger
+from monitor.api.metrics import MonitorMetrics
+from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
+from monitor.detect import Detectors
+from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
+from monitor.evidence.verification import VERIFIED, Trust
+from monitor.store import Store
+from tests.test_detect_enforcer_lifecycle import Clock, Kills
+from tests.test_job_slow_quorum import QuorumJob
+from tests.test_monitor_detectors import T0
+
+
+def zero(g, r):
+    return 0.0
+
+
+def run(groups: int, ranks: int, phases: list[dict], *, use_async: bool = False,
+        enforcer=None) -> tuple[Detectors, list[dict]]:
+    """Each phase ``sweeps`` sweeps of ``pre`` (and ``net``) as in test_job_slow_quorum's
+    ``phased``; per sweep: its phase's tag, the findings opened, the open ones by kind, and
+    job_slow's quorum_late. ``enforcer(det) -> Enforcer``: each sweep's findings recorded and
+    decided on, the views verified."""
+    job, det, rng = QuorumJob(groups=groups, ranks=ranks, seed=1), Detectors(
+        DetectorConfig()), random.Random(1)
+    enf, now, log = enforcer(det) if enforcer else None, T0, []
+    for ph in phases:
+        for _ in range(ph["sweeps"]):
+            now += 1.0
+            for _ in range(6):
+                job.model(ph["pre"], rng, use_async=use_async, net=ph.get("net", 0.0))
+            job.steps(0, now=now)
+            view = job.view(now, judge=(lambda ranks, changed: {
+                u: Trust(VERIFIED, "ok", "verified", True) for u in changed}) if enf else None)
+            new = det.update(view, None, now)
+            if enf is not None:
+                enf.clock.t = now
+                enf.record(new, now)
+                enf.decide(view, view.evidence(), now)
+            slow = det.findings.open.get(("job_slow", None, None))
+            log.append({"tag": ph.get("tag"), "new": new, "now": now,
+                        "open": {f.kind: f for f in det.open_findings()},
+                        "quorum_late": slow.evidence["quorum_late"] if slow else None})
+    return det, log
+
+
+def found(log: list[dict]) -> list:
+    return [f for s in log for f in s["new"] if f.kind == "straggler"]
+
+
+@pytest.fixture
+def make(tmp_path):
+    stores = []
+
+    def build(det: Detectors, **rails) -> Enforcer:
+        cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
+                            bundles=BundleConfig(enabled=False), rails=RailsConfig(**rails))
+        clock = Clock(T0)
+        store = Store(cfg.state_path)
+        stores.append(store)
+        return Enforcer(cfg, store, det, HostLedger(store, cfg.quarantine, [], cfg.job, clock),
+                        Kills(), LighthouseSettingsWatch(), MonitorMetrics(cfg.job),
+                        lambda: None, clock, Bundles(cfg, store, clock))
+
+    yield build
+    for s in stores:
+        s.close()
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("groups,ranks", [(3, 2), (2, 4)])
+def test_a_rank_slow_before_its_quorum_is_found_a_straggler(groups, ranks, use_async):
+    """Rank ``slow`` (the last group's last rank) works 0.3 s before its quorum call: job_slow
+    names its group, then a straggler finding names the rank (cause before_quorum), from
+    job_slow's onset; job_slow is explained."""
+    slow, late = groups * ranks - 1, groups - 1
+    det, log = run(groups, ranks, [
+        {"sweeps": 14, "pre": zero},
+        {"sweeps": 6, "pre": lambda g, r: 0.3 if g * ranks + r == slow else 0.0}],
+        use_async=use_async)
+    (f,) = found(log)
+    assert (f.replica_group, f.ranks, f.evidence["cause"]) == (late, [slow], "before_quorum")
+    ev = f.evidence
+    assert ev["culprit_hosts"] == [f"host-g{late}"]
+    assert ev["lag_s"] == pytest.approx(0.3, abs=0.02)
+    assert ev["extra_work_s"] - ev["baseline_extra_work_s"] == pytest.approx(0.3, abs=0.02)
+    assert ev["lag_s"] >= ev["threshold_s"] and ev["job_slow_ratio"] > 1.5
+    assert f"rank {slow} on host host-g{late} is slow before its quorum call" in ev["summary"]
+    (j,) = [x for x in det.resolved_findings() if x.kind == "job_slow"]
+    assert j.resolution == "explained" and f.first_seen == j.first_seen
+    at = next(i for i, s in enumerate(log) if f in s["new"])
+    assert log[at]["open"].get("job_slow") is j, "found while job_slow was open"
+
+
+def test_the_enforcer_evicts_a_straggler_found_before_its_quorum(make):
+    """The real enforcer records an eviction for the before_quorum straggler and sends its
+    group's kill, as for any straggler."""
+    built = []
+
+    def enforcer(det: Detectors) -> Enforcer:
+        built.append(make(det))
+        return built[-1]
+
+    det, log = run(3, 2, [{"sweeps": 14, "pre": zero},
+                          {"sweeps": 6, "pre": lambda g, r: 0.3 if (g, r) == (2, 1) else 0.0}],
+                   enforcer=enforcer)
+    (f,) = found(log)
+    (enf,) = built
+    assert enf.lighthouse.sent == [f.replica_id]
+    assert [(d["decision"], d["finding_id"]) for d in enf.store.decisions(decision="evict")] == [
+        ("evict", enf.finding_id(f.key))]
+
+
+def logs(y: float):
+    return lambda g, r: y if (g, r) == (0, 0) else 0.0
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_network_slowdown_beside_steady_pre_quorum_work_finds_no_straggler(use_async):
+    """The re-reviews' shapes where job_slow names a group no rank of which works more than it
+    did at pace: (1) global rank 0 logs 0.3 s before its quorum all along, then the network
+    slows; (2) rank 0 logs 0.4 s, group 1's data loading takes 0.6 s during the baseline, the
+    network degrades mildly (nothing learned, job_slow closed) while that loading ends, then
+    slows further: group 0's quorum lag rose by what group 1 stopped doing, and job_slow names
+    it; (3) as (2), group 1's loading ending at pace before the slowdown. No straggler."""
+    both = {(0, 0): 0.4, (1, 0): 0.6}
+    drift = [{"sweeps": 14, "pre": lambda g, r: both.get((g, r), 0.0)},
+             {"sweeps": 4, "pre": lambda g, r: both.get((g, r), 0.0), "net": 0.35},
+             {"sweeps": 5, "pre": logs(0.4), "net": 0.55},
+             {"sweeps": 10, "pre": logs(0.4), "net": 0.8}]
+    for groups, ranks, phases, named in [
+            (2, 4, [{"sweeps": 14, "pre": logs(0.3)}, {"sweeps": 10, "pre": logs(0.3),
+                                                        "net": 0.3}], False),
+            (2, 2, drift, True), (2, 4, drift, True),
+            (2, 4, [{"sweeps": 14, "pre": lambda g, r: {(0, 0): 0.3, (1, 0): 0.5}.get(
+                (g, r), 0.0)}, {"sweeps": 4, "pre": logs(0.3)},
+                {"sweeps": 10, "pre": logs(0.3), "net": 0.7}], False)]:
+        det, log = run(groups, ranks, phases, use_async=use_async)
+        slow = [s for s in log if "job_slow" in s["open"]]
+        assert slow, "job_slow fires"
+        if named:  # job_slow's evidence names group 0 (its lag moved with group 1's work)
+            assert {s["quorum_late"]["group"] for s in slow if s["quorum_late"]} == {0}
+        assert found(log) == [] and "straggler" not in log[-1]["open"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_held_before_quorum_straggler_resolves_once_the_rank_catches_up(make, use_async):
+    """--dry-run holds the finding; the rank's pre-quorum work goes on 8 sweeps (its group
+    never late by arrival lag: the straggler's own rule would close it each window), then
+    ends: resolved caught_up at the first window at pace, not before."""
+    built = []
+
+    def enforcer(det: Detectors) -> Enforcer:
+        built.append(make(det, dry_run=True))
+        return built[-1]
+
+    slow = {"sweeps": 8, "pre": lambda g, r: 0.3 if (g, r) == (1, 1) else 0.0, "tag": "slow"}
+    det, log = run(3, 2, [{"sweeps": 14, "pre": zero}, slow,
+                          {"sweeps": 4, "pre": zero, "tag": "over"}],
+                   use_async=use_async, enforcer=enforcer)
+    (f,) = found(log)
+    at = next(i for i, s in enumerate(log) if f in s["new"])
+    assert all(s["open"].get("straggler") is f for s in log[at:] if s["tag"] == "slow")
+    assert built[0].lighthouse.sent == [] and f.resolution == "caught_up"
+    over = [s for s in log if s["tag"] == "over"]
+    assert over[0]["open"].get("straggler") is None and f.resolved_at == over[0]["now"]
+
+
+@pytest.mark.parametrize("groups,ranks", [(3, 2), (2, 4)])
+def test_a_group_whose_every_rank_works_before_its_quorum_is_found(groups, ranks):
+    """Group 1's host reads its data slowly: each of its ranks works 0.3 s before its quorum
+    call, none its last arriver more than the others. Every rank of it waits less at the
+    cross-group step, so the straggler's arrival lag finds it, its ranks named, once."""
+    det, log = run(groups, ranks, [
+        {"sweeps": 14, "pre": zero},
+        {"sweeps": 6, "pre": lambda g, r: 0.3 if g == 1 else 0.0}])
+    (f,) = found(log)
+    assert (f.replica_group, f.ranks) == (1, list(range(ranks, 2 * ranks)))
+    assert f.resolved_at is None and "job_slow" not in log[-1]["open"]
