@@ -21,8 +21,8 @@ from tests.test_liveness_cut_off import mon  # noqa: F401  (the live monitor, fi
 
 
 @pytest.fixture
-def job():
-    j = SimJob(3, ranks_per_group=2, heartbeat_timeout_ms=1000)
+def job(request):
+    j = SimJob(getattr(request, "param", 3), ranks_per_group=2, heartbeat_timeout_ms=1000)
     for r in j.sim.ranks:
         g = r.state["replica_group"]
         r.update(host=f"h{g}", node=f"node-{g}")
@@ -59,3 +59,22 @@ def test_a_dead_group_counts_against_its_host_only_if_the_host_stops_answering(j
         assert o["counts"] and o["note"] is None
         wait_until(lambda: hosts(mon)["h2"]["state"] == "quarantined", 10, what="h2 quarantined")
     assert set(hosts(mon)) == {"h2"}
+
+
+
+@pytest.mark.parametrize("job", [2], indirect=True)
+def test_a_host_gone_in_a_two_group_job_is_quarantined_not_held_blind(job, mon):  # noqa: F811
+    """Half the ranks gone with their host: the quarantine rail counted every verified rank, so
+    it held ``monitor_blind`` (the monitor reaching 50%) until the dark ranks were forgotten
+    (the demo's 2-group ``host_offline``: ~30 s). As the eviction rail, it now leaves out a
+    group the Lighthouse stopped hearing while the monitor reaches as many as it lost."""
+    wait_until(lambda: sum((r["verification"] or {}).get("state") == "verified" for r in
+                           requests.get(mon.url + "/v1/ranks", timeout=5).json()) == 4, 15,
+               what="4 verified ranks")
+    job.alive.discard(1)  # its Manager gone with its host: no more heartbeats
+    for r in job.sim.group(1):
+        r.set_mode("silent")
+    wait_until(lambda: (hosts(mon).get("h1") or {}).get("state") == "quarantined", 15,
+               what="h1 quarantined")
+    said = requests.get(mon.url + "/v1/hosts", timeout=5).json()["decisions"]
+    assert [d["decision"] for d in said if d["host"] == "h1"] == ["quarantine"], said

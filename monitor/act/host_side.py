@@ -59,7 +59,9 @@ class HostSide:
                 charged.append({**d, "id": self._finding_ids.get(f.key),
                                 "evidence": {**d["evidence"], "culprits": culprits}})
             self.hosts.record(charged, now, group_hosts)
-            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()),
+            # as the eviction rail: a group the Lighthouse stopped hearing is gone, not unseen
+            self.hosts.decide(now, self.blind_to_kills(view, lighthouse, unheard=True),
+                              len(self.hosts.known_hosts()),
                               lambda: protected_hosts(view, self.cfg.rails.min_replicas))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
