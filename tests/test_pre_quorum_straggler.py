@@ -39,8 +39,8 @@ def run(groups: int, ranks: int, phases: list[dict], *, use_async: bool = False,
         enforcer=None) -> tuple[Detectors, list[dict]]:
     """Each phase ``sweeps`` sweeps of ``pre`` (and ``net``) as in test_job_slow_quorum's
     ``phased``; per sweep: its phase's tag, the findings opened, the open ones by kind, and
-    job_slow's quorum_late. ``enforcer(det) -> Enforcer``: each sweep's findings recorded and
-    decided on, the views verified."""
+    job_slow's quorum_late. ``enforcer(det) -> Enforcer``: each sweep's findings recorded, hosts
+    judged and decided on, the views verified."""
     job, det, rng = QuorumJob(groups=groups, ranks=ranks, seed=1), Detectors(
         DetectorConfig()), random.Random(1)
     enf, now, log = enforcer(det) if enforcer else None, T0, []
@@ -55,7 +55,7 @@ def run(groups: int, ranks: int, phases: list[dict], *, use_async: bool = False,
             new = det.update(view, None, now)
             if enf is not None:
                 enf.clock.t = now
-                enf.record(new, now)
+                enf.judge_hosts(view, enf.record(new, now), now)  # as the service does
                 enf.decide(view, view.evidence(), now)
             slow = det.findings.open.get(("job_slow", None, None))
             log.append({"tag": ph.get("tag"), "new": new, "now": now,
@@ -113,8 +113,8 @@ def test_a_rank_slow_before_its_quorum_is_found_a_straggler(groups, ranks, use_a
 
 
 def test_the_enforcer_evicts_a_straggler_found_before_its_quorum(make):
-    """The real enforcer records an eviction for the before_quorum straggler and sends its
-    group's kill, as for any straggler."""
+    """The real enforcer records an eviction for the before_quorum straggler, sends its group's
+    kill and charges its host an offence, as for any straggler."""
     built = []
 
     def enforcer(det: Detectors) -> Enforcer:
@@ -129,6 +129,7 @@ def test_the_enforcer_evicts_a_straggler_found_before_its_quorum(make):
     assert enf.lighthouse.sent == [f.replica_id]
     assert [(d["decision"], d["finding_id"]) for d in enf.store.decisions(decision="evict")] == [
         ("evict", enf.finding_id(f.key))]
+    assert [o["kind"] for o in enf.store.host_offences("host-g2")] == ["straggler"]
 
 
 def logs(y: float):
