@@ -236,7 +236,12 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
         f["stages"] = st
         f["cost"] = cost
         onset = f.get("struck_at_s")
-        f["recovery_s"] = cost["recovery_s"] if cost and cost.get("recovery_s") is not None \
+        # from the fault's onset, as every stage: the ledger's incident may begin later (a slow
+        # link judged only once the job ran slow enough), its own recovery_s with it
+        back = st["back_at_pace_ledger"]
+        f["recovery_s"] = round(back - onset, 2) if back is not None and onset is not None \
+            and cost and cost.get("recovery_s") is not None and not superseded \
+            else cost["recovery_s"] if cost and cost.get("recovery_s") is not None \
             and not superseded else None
         f["superseded_by"] = cost.get("superseded_by") if superseded else None
         f["settled_pace"] = (inc or {}).get("settled_pace") if settled else None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from .recovery import acted_at, next_fault, pace_until
 
+# a ledger incident begun this much after its fault's strike leaves the time between out of its cost
+LATE_ONSET_S = 2.0
 OTHERS_MORE = 0.25  # cores the machine's other processes took more than in the healthy phase
 
 
@@ -255,6 +257,10 @@ def cost_markdown(rep: dict) -> str:
             causes = ", ".join(f"{k} {v:.1f}" for k, v in (c.get("by_cause") or {}).items() if v)
             cost_s = (f"{c['replica_seconds']:.1f} replica-s, {c['job_steps']} job steps of capacity"
                       + (f" ({causes})" if causes else ""))
+            began, onset = c.get("onset_s"), f.get("struck_at_s")
+            if began is not None and onset is not None and began - onset > LATE_ONSET_S:
+                cost_s += (f"; from +{began - onset:.1f}s, when the ledger's incident began "
+                           "(the job first judged slow): the time before is not in it")
             if c.get("not_back_by_s") is not None:  # the ledger cannot tell whose slowness
                 cost_s += (f"; not back at pace by {c['not_back_by_s']:.1f}s: includes every "
                            "slow second until then")

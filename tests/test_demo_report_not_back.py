@@ -114,6 +114,32 @@ def test_a_cost_without_back_at_pace_says_what_it_holds():
     assert "not back at pace by 44.0s: includes every slow second" in cost_markdown(rep)
 
 
+def test_recovery_is_from_the_faults_onset_when_the_ledgers_incident_began_later():
+    """A slow link judged only once the job ran slow enough: the ledger's incident began 8 s after
+    the strike, and the cost table's recovery (the ledger's own, 4.4 s) contradicted the stage
+    table's back at pace (+12.4 s). Both are from the fault's onset now, and the cost says the
+    time before the incident is not in it."""
+    goodput = {"at": T0 + 44.0, "incidents": [
+        incident(2, 2, "hang", 30.0, 31.4, 32.2, "reached"),
+        incident(1, 1, "straggler", 18.0, 19.4, 22.4, "reached")]}
+    late = {**STRAGGLER, "detected_at_s": 19.4, "evicted_at_s": 19.5,
+            "survivors_committing_at_s": 20.0, "restarted_at_s": 20.0, "rejoined_at_s": 22.0}
+    faults = [late, dict(HANG)]
+    recoveries(faults, [{"name": "healthy", "start_s": 0.0, "end_s": 10.0, "steps": 50,
+                         "step_rate": RATE, "vs_healthy": 1.0}], two_faults_run(), [],
+               [{**EVICTIONS[0], "at_s": 19.5}, EVICTIONS[1]], goodput, T0, 45.0, 3,
+               recovery.TORCHFT_DEFAULTS)
+    rep = {"faults": faults}
+    first, second = rep["faults"]
+    assert first["recovery_s"] == 12.4 and first["stages"]["back_at_pace_ledger"] == 22.4
+    assert second["recovery_s"] == 2.2  # the ledger's began at the strike: as before
+    rows = [line for line in cost_markdown(rep).splitlines() if line.startswith(("| 1 ", "| 2 "))]
+    assert "| 12.4s (ledger)" in rows[0], rows[0]
+    assert "from +8.0s, when the ledger's incident began (the job first judged slow): the time " \
+        "before is not in it" in rows[0], rows[0]
+    assert "when the ledger's incident began" not in rows[1], rows[1]
+
+
 def paced_run(*pieces):
     """The three groups committing together; ``pieces``: (until, seconds per step) run one after
     another, or a bare number: a gap in which nothing commits, to that time."""
