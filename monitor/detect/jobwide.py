@@ -551,7 +551,8 @@ class JobWide:
         elif late_group is None:
             why = (f"no group is late (largest arrival lag {max_lag:.3f}s, a straggler needs "
                    f"{w.lag_threshold_s:.3f}s): every group waits alike inside the collectives "
-                   f"(a network fault slows them all)")
+                   f"(a network fault slows them all, or a load every host shares: the probe "
+                   f"round's verdict, in `probe`, says whether one host's links)")
         else:  # late by less than the median group's own work (or --straggler-min-lag)
             why = (f"group {late_group} arrives {max_lag:.3f}s late, {max_lag / rise:.0%} of the "
                    f"step's rise, under the straggler threshold of {w.lag_threshold_s:.3f}s "
