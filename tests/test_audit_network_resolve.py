@@ -25,13 +25,19 @@ def view_at(now: float):
     return scratch_view(now, ranks)
 
 
-def test_a_round_without_the_host_does_not_resolve_its_network_finding():
+def b_slow_job():
+    """(findings with a job_slow open, Network at --probe-rounds 2, the view, now, a round whose
+    links of host b are slow)."""
     findings = Findings()
     net = Network(ProbeConfig(), findings)
     now = 100.0
     view = view_at(now)
     findings.confirm("job_slow", None, [], {"summary": "slow", "probe": None}, now, now, view)
-    b_slow = a_round(HOSTS, lambda s, d: SLOW if "b" in (s, d) else {})
+    return findings, net, view, now, a_round(HOSTS, lambda s, d: SLOW if "b" in (s, d) else {})
+
+
+def test_a_round_without_the_host_does_not_resolve_its_network_finding():
+    findings, net, view, now, b_slow = b_slow_job()
     for _ in range(2):
         now += 1.0
         net.judge(view, b_slow, now, None)
@@ -54,12 +60,7 @@ def test_one_round_of_every_link_slow_alike_does_not_end_a_hosts_finding():
     dry run read 7 Mbit/s on every link) names no host, and ended b's finding at once: b named
     again two rounds later was a second offence, a second bundle and a second detection of one
     fault. Ending it takes as many clear rounds in a row as naming it did."""
-    findings = Findings()
-    net = Network(ProbeConfig(), findings)  # --probe-rounds 2
-    now = 100.0
-    view = view_at(now)
-    findings.confirm("job_slow", None, [], {"summary": "slow", "probe": None}, now, now, view)
-    b_slow = a_round(HOSTS, lambda s, d: SLOW if "b" in (s, d) else {})
+    findings, net, view, now, b_slow = b_slow_job()
     alike = a_round(HOSTS, lambda s, d: {"mbit_s": 7.0})
     for rnd in (b_slow, b_slow, alike, b_slow, alike, b_slow):
         now += 1.0
@@ -72,12 +73,7 @@ def test_heal_rounds_between_two_rounds_naming_a_host_do_not_restart_its_count()
     """A heal's rounds judge no rate: a slow host's run of rounds waits through them, so the
     round after the heal confirms it (the count restarted; a host whose groups healed in turn
     was never confirmed). A host cut off is named during the heal all the same."""
-    findings = Findings()
-    net = Network(ProbeConfig(), findings)  # --probe-rounds 2
-    now = 100.0
-    view = view_at(now)
-    findings.confirm("job_slow", None, [], {"summary": "slow", "probe": None}, now, now, view)
-    b_slow = a_round(HOSTS, lambda s, d: SLOW if "b" in (s, d) else {})
+    findings, net, view, now, b_slow = b_slow_job()
     net.judge(view, b_slow, now + 1, None)
     healing = view_at(now)
     healing.ranks["http://d:1"].state["phase"] = "healing"
