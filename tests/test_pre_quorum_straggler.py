@@ -48,7 +48,8 @@ def run(groups: int, ranks: int, phases: list[dict], *, use_async: bool = False,
         for _ in range(ph["sweeps"]):
             now += 1.0
             for _ in range(6):
-                job.model(ph["pre"], rng, use_async=use_async, net=ph.get("net", 0.0))
+                job.model(ph["pre"], rng, use_async=use_async, net=ph.get("net", 0.0),
+                          old=ph.get("old", ()))
             job.steps(0, now=now)
             view = job.view(now, judge=(lambda ranks, changed: {
                 u: Trust(VERIFIED, "ok", "verified", True) for u in changed}) if enf else None)
@@ -185,6 +186,26 @@ def test_a_held_before_quorum_straggler_resolves_once_the_rank_catches_up(make, 
     assert built[0].lighthouse.sent == [] and f.resolution == "caught_up"
     over = [s for s in log if s["tag"] == "over"]
     assert over[0]["open"].get("straggler") is None and f.resolved_at == over[0]["now"]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_held_finding_with_no_quorum_lag_to_read_resolves_at_pace(make, use_async):
+    """Held (dry run here; a cooldown, min_replicas in life) while the rank recovers and another
+    rank serves no quorum waits: no lag to read, the finding stayed open for good, and a rail
+    lifting later would evict a group that recovered. The job back at pace ends it."""
+    built = []
+
+    def enforcer(det: Detectors) -> Enforcer:
+        built.append(make(det, dry_run=True))
+        return built[-1]
+
+    det, log = run(3, 2, [{"sweeps": 14, "pre": zero},
+                          {"sweeps": 6, "pre": lambda g, r: 0.3 if (g, r) == (1, 1) else 0.0},
+                          {"sweeps": 6, "pre": zero, "old": (0,), "tag": "over"}],
+                   use_async=use_async, enforcer=enforcer)
+    (f,) = found(log)
+    assert f.resolution == "caught_up" and built[0].lighthouse.sent == []
+    assert log[-1]["open"].get("straggler") is None
 
 
 @pytest.mark.parametrize("groups,ranks", [(3, 2), (2, 4)])

@@ -222,7 +222,8 @@ class Detectors:
             # job_slow's group late at its quorum: a straggler once its rank's work explains it
             ("pre_quorum", lambda: self.pre_quorum.judge(
                 self.straggler.last_window, view, now,
-                self.findings.open.get(("job_slow", None, None)))))
+                self.findings.open.get(("job_slow", None, None)),
+                (self.jobwide.baseline_medians() or (None,))[0])))
         new = [f for name, step in steps for f in self._guarded(name, step)]
         self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps, cut_off)
         self._note_commit_failures(view)

@@ -3,8 +3,8 @@ loading, logging) keeps its own group's peers waiting in that call like every ot
 its group shows no arrival lag and only ``job_slow`` fires, naming it in ``quorum_late``. Named
 there for --straggler-windows windows, and the rise of the rank's own work (its compute a step
 over the other ranks', against its own at pace) explaining LATE_SHARE of its group's rise in
-lag, the group is a straggler like any other (evicted, its host's offence counted). A failure of this check is logged and skipped
-for the sweep by Detectors; the rule: docs/detectors.md."""
+lag, the group is a straggler like any other (evicted, its host's offence counted). A failure
+of this check is logged and skipped for the sweep by Detectors; the rule: docs/detectors.md."""
 
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ class PreQuorum:
         self._streak: tuple[int, int, int] | None = None  # (group, rank, windows in a row)
 
     def judge(self, w: Window | None, view: ClusterView, now: float,
-              slow: Finding | None) -> list[Finding]:
+              slow: Finding | None, base_step_s: float | None = None) -> list[Finding]:
+        """``base_step_s``: the job's healthy step (job_slow's baseline), None before it has one."""
         if w is None or w.newest == self._newest:
             return []  # no newer steps: nothing new to judge
         self._newest = w.newest
-        self._resolve(w, now)
+        self._resolve(w, now, base_step_s)
         # job_slow judged this window (its evidence is not an older window's)
         q = slow.evidence.get("quorum_late") if slow is not None \
             and slow.evidence.get("steps") == [w.first, w.newest] else None
@@ -74,14 +75,18 @@ class PreQuorum:
             return None
         return own, over
 
-    def _resolve(self, w: Window, now: float) -> None:
-        """Its findings whose group's median quorum lag is back under the straggler threshold:
-        ``caught_up`` (a group gone or replaced: Findings' lifecycle)."""
-        if w.quorum_lags is None:
-            return
+    def _resolve(self, w: Window, now: float, base_step_s: float | None) -> None:
+        """Its findings whose group's median quorum lag is back under the straggler threshold, or,
+        with no lag to read (a rank serving no quorum waits, one out of reach), the job's step
+        back at pace (half way to --job-slow-factor, as job_slow's back_at_pace): ``caught_up``.
+        Held open unread, a rail lifting later would evict a group that recovered. A group gone
+        or replaced: Findings' lifecycle."""
+        factor = self.cfg.job_slow_factor
+        at_pace = base_step_s is not None and base_step_s > 0 \
+            and w.step_s / base_step_s <= (1 + factor) / 2
         for key, f in list(self.findings.open.items()):
-            x = w.quorum_lags.get(key[1])
-            if key[0] == "straggler" and f.evidence.get("cause") == "before_quorum" \
-                    and x is not None \
-                    and statistics.median(x["step_lags_s"]) < w.lag_threshold_s:
+            if key[0] != "straggler" or f.evidence.get("cause") != "before_quorum":
+                continue
+            x = (w.quorum_lags or {}).get(key[1])
+            if at_pace if x is None else statistics.median(x["step_lags_s"]) < w.lag_threshold_s:
                 self.findings.resolve(key, "caught_up", now)
