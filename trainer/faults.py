@@ -44,8 +44,9 @@ reaches the step; the trainer refuses them (a process cannot degrade its own hos
     host_offline:at_step=N               the host drops off the network (kernel panic, power,
                                          NIC death): its link goes down, its processes live on
 
-    Every kind also takes rank=R: the group rank it strikes (default: every rank of the group;
-    where=group needs one, as on every rank it does nothing).
+    Every process kind also takes rank=R: the group rank it strikes (default: every rank of the
+    group; where=group needs one, as on every rank it does nothing); a network kind strikes the
+    host, and refuses rank=R.
     A process fault at step N that a rank never runs acts at the first step past N it runs when
     the rank joined the job before N (then healed past it) or was given the fault live (posted
     after N); a process that joined past N, or healed into the running job at N (a late group,
