@@ -10,7 +10,7 @@ from monitor.detect.findings import Findings
 from monitor.detect.network import Network
 from monitor.evidence.rank import RankView
 from tests.support.views import scratch_view
-from tests.test_monitor_network import CUT, a_round
+from tests.test_monitor_network import CUT, SLOW, a_round
 
 HOSTS = list("abcdef")
 # (url, replica group, rank, group rank, host): group 1 runs on b and c, group 2 on c
@@ -67,3 +67,30 @@ def test_a_group_on_two_named_hosts_has_one_finding_naming_both():
         now += 1.0
         net.judge(view, cut(), now, None)
     assert network(findings) == {} and f.resolution == "links_good"
+
+
+def test_one_alike_round_does_not_end_a_finding_moved_to_a_second_host():
+    """Group 1 on hosts b and c: b clear the round c is confirmed, the finding moved to c kept
+    the clear round b earned, and one round of every link slow alike then ended it while c was
+    still bad (c's next rounds opened a second finding: c charged twice, a second bundle). The
+    count starts afresh when the finding's hosts change."""
+    findings = Findings()
+    net = Network(ProbeConfig(), findings)  # --probe-rounds 2
+    now = 100.0
+    view = view_at(now)
+    findings.confirm("job_slow", None, [], {"summary": "slow", "probe": None}, now, now, view)
+    alike = a_round(HOSTS, lambda s, d: {"mbit_s": 7.0})
+    hosts = []
+    for rnd in (cut_slow("b"), cut_slow("b"), cut_slow("b", "c"), cut_slow("c"), alike,
+                cut_slow("c"), cut_slow("c")):
+        now += 1.0
+        net.judge(view, rnd, now, None)
+        f = network(findings).get(1)
+        hosts.append(f.evidence["hosts"] if f else None)
+    assert hosts[1:] == [["b"], ["b"], ["c"], ["c"], ["c"], ["c"]], hosts
+    assert not [x for x in findings.resolved if x.replica_group == 1]
+
+
+def cut_slow(*hosts):
+    """A round whose links touching ``hosts`` are slow."""
+    return a_round(HOSTS, lambda s, d: SLOW if {s, d} & set(hosts) else {})

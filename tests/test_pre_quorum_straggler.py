@@ -36,13 +36,13 @@ def zero(g, r):
 
 
 def run(groups: int, ranks: int, phases: list[dict], *, use_async: bool = False,
-        enforcer=None) -> tuple[Detectors, list[dict]]:
+        enforcer=None, cfg: DetectorConfig | None = None) -> tuple[Detectors, list[dict]]:
     """Each phase ``sweeps`` sweeps of ``pre`` (and ``net``) as in test_job_slow_quorum's
     ``phased``; per sweep: its phase's tag, the findings opened, the open ones by kind, and
     job_slow's quorum_late. ``enforcer(det) -> Enforcer``: each sweep's findings recorded, hosts
     judged and decided on, the views verified."""
     job, det, rng = QuorumJob(groups=groups, ranks=ranks, seed=1), Detectors(
-        DetectorConfig()), random.Random(1)
+        cfg or DetectorConfig()), random.Random(1)
     enf, now, log = enforcer(det) if enforcer else None, T0, []
     for ph in phases:
         for _ in range(ph["sweeps"]):
@@ -206,6 +206,22 @@ def test_a_held_finding_with_no_quorum_lag_to_read_resolves_at_pace(make, use_as
     (f,) = found(log)
     assert f.resolution == "caught_up" and built[0].lighthouse.sent == []
     assert log[-1]["open"].get("straggler") is None
+
+
+@pytest.mark.parametrize("unread", [False, True])
+def test_a_rank_still_late_keeps_its_finding_though_the_step_is_near_pace(unread):
+    """--job-slow-factor 2: half way to it allows a step 1.5x its baseline, so a rank recovered
+    only to 0.12 s late (over the 0.1 s floor), its lag unread (rank 0 serving no quorum waits),
+    read as at pace and its finding closed; its next burst opened a second one (a second
+    offence). The step's rise, which bounds any lag, must be under the threshold too."""
+    late = {"sweeps": 8, "pre": lambda g, r: 0.12 if (g, r) == (2, 1) else 0.0}
+    if unread:
+        late["old"] = (0,)
+    burst = {"sweeps": 4, "pre": lambda g, r: 0.6 if (g, r) == (2, 1) else 0.0}
+    det, log = run(3, 2, [{"sweeps": 14, "pre": zero}, burst, late, {**burst, "sweeps": 6}],
+                   cfg=DetectorConfig(job_slow_factor=2.0))
+    (f,) = found(log)
+    assert f.resolved_at is None and f.replica_group == 2
 
 
 @pytest.mark.parametrize("groups,ranks", [(3, 2), (2, 4)])

@@ -207,7 +207,8 @@ class Network:
         self.cfg, self.findings = cfg, findings
         self._streak: dict[str, tuple[int, float]] = {}  # host -> (rounds in a row, first at)
         self._heal_rounds = 0  # rounds in a row judged while a rank heals
-        self._clean: dict[tuple, int] = {}  # open network finding -> full rounds in a row clear
+        # open network finding -> (its hosts, full rounds in a row clear of them)
+        self._clean: dict[tuple, tuple[tuple, int]] = {}
         self._said: tuple = ()  # the last verdict logged
         # finding key -> (the open finding, hosts a refresh named that it had not charged)
         self._added: dict[tuple, tuple[Finding, list[str]]] = {}
@@ -267,9 +268,12 @@ class Network:
                     self._clean.pop(key, None)
                     continue
                 # as many rounds in a row as named it: one round of every link slow alike (the
-                # ranks busy serving a bundle) is no evidence its links are good again
-                self._clean[key] = self._clean.get(key, 0) + 1
-                if self._clean[key] >= self.cfg.rounds:
+                # ranks busy serving a bundle) is no evidence its links are good again; counted
+                # afresh once the finding moved to other hosts
+                was = self._clean.get(key)
+                n = was[1] + 1 if was is not None and was[0] == tuple(hosts) else 1
+                self._clean[key] = (tuple(hosts), n)
+                if n >= self.cfg.rounds:
                     findings.resolve(key, "links_good", now)
         self._clean = {k: n for k, n in self._clean.items() if k in findings.open}
         confirmed = [h for h in verdict.hosts if self._streak[h][0] >= self.cfg.rounds]

@@ -81,9 +81,12 @@ class PreQuorum:
         back at pace (half way to --job-slow-factor, as job_slow's back_at_pace): ``caught_up``.
         Held open unread, a rail lifting later would evict a group that recovered. A group gone
         or replaced: Findings' lifecycle."""
+        # the step's rise bounds any group's lag: under the threshold, none is late (half way
+        # to a --job-slow-factor over ~1.67 alone would allow a rank still late)
         factor = self.cfg.job_slow_factor
         at_pace = base_step_s is not None and base_step_s > 0 \
-            and w.step_s / base_step_s <= (1 + factor) / 2
+            and w.step_s / base_step_s <= (1 + factor) / 2 \
+            and w.step_s - base_step_s < w.lag_threshold_s
         for key, f in list(self.findings.open.items()):
             if key[0] != "straggler" or f.evidence.get("cause") != "before_quorum":
                 continue
