@@ -46,7 +46,7 @@ class Detectors:
         self.hang = Hang(self.cfg, self.findings)
         self.straggler = Straggler(self.cfg, self.findings, self._groups)
         self.jobwide = JobWide(self.cfg, self.findings)
-        self.pre_quorum = PreQuorum(self.cfg, self.findings)
+        self.pre_quorum = PreQuorum(self.cfg, self.findings, self.jobwide)
         self.net = Network(probes or ProbeConfig(), self.findings)
         self._seen = SeenGroups()
         self._commit_failures: dict[str, int] = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any
 
 from monitor.config import DetectorConfig
@@ -201,7 +201,10 @@ class JobWide:
         # ranks' extra work (Straggler.quorum_lags)
         self.quorum_base: deque[tuple[frozenset, dict[int, tuple[float, dict]]]] = deque(
             maxlen=QUORUM_BASE_KEEP)
-        self._rids: frozenset = frozenset()  # the replica ids of the newest quorum
+        self._rids: frozenset = frozenset()  # (group, replica id) of the newest quorum
+        # the quorum's groups as a lag at pace is held against: incarnations of one group may
+        # count as one (monitor.detect.pre_quorum)
+        self.same: Callable[[frozenset], frozenset] = lambda members: members
         self._newest: int | None = None  # the newest step of the last window judged
         self._baseline_newest: int | None = None  # ... of the last window in the baseline
         # the consecutive slow windows: (ratio, the group late at torchft's quorum or None)
@@ -255,7 +258,7 @@ class JobWide:
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
             self._changed_at = view.newest_step()
-        self._rids = frozenset(rid for _, rid in members)
+        self._rids = members
         if len(groups) < 2 and (size := quorum_size(view, self.cfg.dead_sweeps)) < 2:
             # one group left (or none): nothing job-wide, once it lasts --dead-sweeps (a heal's
             # sweep is no shrink); out-of-sight groups' own findings explain it even when blind
@@ -324,9 +327,10 @@ class JobWide:
         logging) explains no slowdown; a lag is against the others', so it moves with them."""
         if w.quorum_lags is None or rise <= 0:
             return None
-        best = None
+        best, groups = None, self.same(self._rids)
+        same = [b for rids, b in self.quorum_base if self.same(rids) == groups]
         for g, x in w.quorum_lags.items():
-            at_pace = [b[g] for rids, b in self.quorum_base if rids == self._rids and g in b]
+            at_pace = [b[g] for b in same if g in b]
             seen = [lag for lag, _ in at_pace]
             if len(seen) < QUORUM_BASE_WINDOWS:
                 continue  # no baseline of its own to hold it against

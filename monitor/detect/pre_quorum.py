@@ -15,23 +15,44 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings
-from .jobwide import LATE_SHARE
+from .jobwide import LATE_SHARE, JobWide
 from .straggler import Window
 
 
 class PreQuorum:
-    def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
+    def __init__(self, cfg: DetectorConfig, findings: Findings,
+                 jobwide: JobWide | None = None) -> None:
         self.cfg, self.findings = cfg, findings
         self._newest: int | None = None  # the newest step of the last window judged
         self._streak: tuple[int, int, int] | None = None  # (group, rank, windows in a row)
+        # a group found here: its incarnation then and the next one, held as one, so the group
+        # restarted still slow (its host's trouble stays) is held against its lag at pace before
+        self._carried: dict[int, set[str]] = {}
+        self._awaited: set[int] = set()  # groups found whose next incarnation is not seen yet
+        if jobwide is not None:
+            jobwide.same = self.same
+
+    def same(self, members: frozenset) -> frozenset:
+        """``members``, (group, replica id) of a quorum, with a carried group's incarnations as
+        one."""
+        return frozenset((g, None if rid in self._carried.get(g, ()) else rid)
+                         for g, rid in members)
+
+    def _carry(self, view: ClusterView) -> None:
+        for gv in view.in_quorum():
+            g, rid = gv.replica_group, gv.replica_id
+            if g in self._awaited and rid is not None and rid not in self._carried[g]:
+                self._carried[g].add(rid)  # one restart only: a later one is learned afresh
+                self._awaited.discard(g)
 
     def judge(self, w: Window | None, view: ClusterView, now: float,
               slow: Finding | None, base_step_s: float | None = None) -> list[Finding]:
         """``base_step_s``: the job's healthy step (job_slow's baseline), None before it has one."""
+        self._carry(view)
         if w is None or w.newest == self._newest:
             return []  # no newer steps: nothing new to judge
         self._newest = w.newest
-        self._resolve(w, now, base_step_s)
+        self._resolve(w, view, now, base_step_s)
         # job_slow judged this window (its evidence is not an older window's)
         q = slow.evidence.get("quorum_late") if slow is not None \
             and slow.evidence.get("steps") == [w.first, w.newest] else None
@@ -60,6 +81,9 @@ class PreQuorum:
               # the job_slow it explains: the goodput ledger counts from that onset
               "job_findings": ["job_slow"]}
         f = self.findings.confirm("straggler", gv, [r], ev, slow.first_seen, now, view)
+        if f is not None and f.replica_id is not None:
+            self._carried.setdefault(g, set()).add(f.replica_id)
+            self._awaited.add(g)
         return [f] if f else []
 
     def _explains(self, w: Window, q: dict[str, Any] | None) -> tuple[float, float] | None:
@@ -75,7 +99,8 @@ class PreQuorum:
             return None
         return own, over
 
-    def _resolve(self, w: Window, now: float, base_step_s: float | None) -> None:
+    def _resolve(self, w: Window, view: ClusterView, now: float,
+                 base_step_s: float | None) -> None:
         """Its findings whose group's median quorum lag is back under the straggler threshold, or,
         with no lag to read (a rank serving no quorum waits, one out of reach), the job's step
         back at pace (half way to --job-slow-factor, as job_slow's back_at_pace): ``caught_up``.
@@ -91,5 +116,7 @@ class PreQuorum:
             if key[0] != "straggler" or f.evidence.get("cause") != "before_quorum":
                 continue
             x = (w.quorum_lags or {}).get(key[1])
+            if x is None and key[1] not in view.groups:
+                continue  # a group gone (evicted): Findings' lifecycle says so
             if at_pace if x is None else statistics.median(x["step_lags_s"]) < w.lag_threshold_s:
                 self.findings.resolve(key, "caught_up", now)
