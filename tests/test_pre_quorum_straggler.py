@@ -246,6 +246,24 @@ def test_a_group_restarted_still_slow_is_found_again(use_async):
     assert (again.replica_group, again.replica_id, again.ranks) == (2, "replica_group_2:new", [5])
 
 
+def test_the_carry_holds_only_the_restarted_groups_own_lag_against_before():
+    """rr12: group 1's rank 3 a little slow at pace, then found and evicted; group 1 back healthy
+    on a spare; rank 0 logs 0.3 s all along; then the network slows. Holding every group's lag
+    against the windows before the restart named group 0 late at its quorum (its lag was
+    against a late group 1 then): the network's slowdown blamed on a rank. Only the carried
+    group's own lag is held against its old incarnation's."""
+    logs = lambda g, r: 0.3 if (g, r) == (0, 0) else 0.0  # noqa: E731
+    det, log = run(2, 2, [
+        {"sweeps": 14, "pre": lambda g, r: logs(g, r) + (0.15 if (g, r) == (1, 1) else 0.0)},
+        {"sweeps": 5, "pre": lambda g, r: logs(g, r) + (0.65 if (g, r) == (1, 1) else 0.0)},
+        {"sweeps": 3, "pre": logs, "groups": {0}, "qid": 4},
+        {"sweeps": 30, "pre": logs, "qid": 5, "rid": {1: "new"}, "net": 0.3, "tag": "net"}])
+    (f,) = found(log)
+    assert f.replica_group == 1 and f.resolution == "gone"
+    late = [s["quorum_late"] for s in log if s["tag"] == "net" and s["quorum_late"]]
+    assert late == [], late
+
+
 @pytest.mark.parametrize("groups,ranks", [(3, 2), (2, 4)])
 def test_a_group_whose_every_rank_works_before_its_quorum_is_found(groups, ranks):
     """Group 1's host reads its data slowly: each of its ranks works 0.3 s before its quorum

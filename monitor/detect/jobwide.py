@@ -328,9 +328,11 @@ class JobWide:
         if w.quorum_lags is None or rise <= 0:
             return None
         best, groups = None, self.same(self._rids)
-        same = [b for rids, b in self.quorum_base if self.same(rids) == groups]
+        exact = [b for rids, b in self.quorum_base if rids == self._rids]
+        # a carried group's own lag only: the others' moved with its restart (rr5)
+        carried = [b for rids, b in self.quorum_base if self.same(rids) == groups]
         for g, x in w.quorum_lags.items():
-            at_pace = [b[g] for b in same if g in b]
+            at_pace = [b[g] for b in (carried if (g, None) in groups else exact) if g in b]
             seen = [lag for lag, _ in at_pace]
             if len(seen) < QUORUM_BASE_WINDOWS:
                 continue  # no baseline of its own to hold it against
