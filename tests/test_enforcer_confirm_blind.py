@@ -138,7 +138,12 @@ def test_a_confirmed_kill_names_the_lighthouses_quorum_that_dropped_it(tmp_path,
     mon = monitor(tmp_path, job, skew)
     try:
         client = create_app(mon).test_client()
-        mon.sweep_once()
+
+        def known() -> bool:  # a sweep under load may miss a rank's answer: swept again
+            mon.sweep_once()
+            return all(g["replica_id"] for g in client.get("/v1/cluster").get_json()["groups"])
+
+        wait_until(known, 20, interval=0.05, what="every group's replica id")
         before = job.quorum_id
         rid = job.replica_ids[1]
         evict(client, 1)
