@@ -239,10 +239,9 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
         # from the fault's onset, as every stage: the ledger's incident may begin later (a slow
         # link judged only once the job ran slow enough), its own recovery_s with it
         back = st["back_at_pace_ledger"]
-        f["recovery_s"] = round(back - onset, 2) if back is not None and onset is not None \
-            and cost and cost.get("recovery_s") is not None and not superseded \
-            else cost["recovery_s"] if cost and cost.get("recovery_s") is not None \
-            and not superseded else None
+        measured = bool(cost) and cost.get("recovery_s") is not None and not superseded
+        f["recovery_s"] = (round(back - onset, 2) if back is not None and onset is not None
+                           else cost["recovery_s"]) if measured else None
         f["superseded_by"] = cost.get("superseded_by") if superseded else None
         f["settled_pace"] = (inc or {}).get("settled_pace") if settled else None
         f["recovery_s_ranks"] = (round(st["back_at_pace"] - onset, 2)
