@@ -25,6 +25,7 @@ from typing import Any
 
 SCHEME = "Lightkeeper-HMAC-SHA256"  # the Authorization header's scheme
 VERSION = "lightkeeper-rank-call-v1"  # the canonical string's first line
+PEER = "peer"  # a call from one rank to any other (never an identity: those hold two "/")
 
 
 def identity(replica_group: int | None, group_rank: int | None, replica_id: str | None) -> str:
@@ -82,6 +83,13 @@ def verify(token: str | None, method: str, path: str, ident: str, body: bytes,
     want = sign(token, method, path, ident, body)
     return hmac.compare_digest(signature.strip().lower().encode("ascii", "replace"),
                                want.encode("ascii"))
+
+
+def peer_authorization(token: str, path: str) -> str:
+    """The ``Authorization`` of a rank's ``GET`` of a peer's probe payload ``path`` (with its
+    query), signed for :data:`PEER`: it proves the caller holds the ranks' token, so a reader
+    without it cannot make a rank spend its threads serving bytes (worker_server/probe.py)."""
+    return header(token, "GET", path, PEER, b"")
 
 
 def authorization(token: str, mode: str, route: str, body: bytes, ident: str) -> str:

@@ -15,9 +15,10 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from rank_wire import MONITOR_AGENT
+from rank_wire import MONITOR_AGENT, auth
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server import metrics as worker_metrics
+from worker_server.probe import PAYLOAD_PATH
 from worker_server.torch_server import unavailable
 
 HAMMER_S = 0.4
@@ -33,6 +34,9 @@ def burning(cpu_s: float):
         return b'{"entries": []}'
 
     return dump
+
+
+TOKEN = "readcost-token"  # a peer's probe payload is served only to a fetch signed with it
 
 
 @pytest.fixture
@@ -87,7 +91,7 @@ def test_a_client_reading_back_to_back_is_paced_on_flask(state):
 
 def test_a_read_after_an_expensive_one_waits_the_monitors_poll_does_not(state, monkeypatch):
     monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 0.6)  # room between the two bounds
-    server = WorkerServer(state, fr_dumper=burning(0.02)).serve()
+    server = WorkerServer(state, fr_dumper=burning(0.02), exit_token=TOKEN).serve()
     try:
         assert requests.get(server.url + "/v1/fr_trace", timeout=5).status_code == 200
         t0 = time.monotonic()
@@ -96,7 +100,9 @@ def test_a_read_after_an_expensive_one_waits_the_monitors_poll_does_not(state, m
         monitor_s = time.monotonic() - t0
         assert polled.status_code == 200 and polled.json()["step"] == 3
         t0 = time.monotonic()  # a peer's probe times this fetch: it must not wait either
-        assert requests.get(server.url + "/v1/probe/payload?bytes=1", timeout=5).content == b"\0"
+        path = PAYLOAD_PATH + "?bytes=1"
+        assert requests.get(server.url + path, timeout=5, headers={
+            "Authorization": auth.peer_authorization(TOKEN, path)}).content == b"\0"
         probe_s = time.monotonic() - t0
         t0 = time.monotonic()
         assert requests.get(server.url + "/v1/state", timeout=5).status_code == 200

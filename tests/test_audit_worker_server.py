@@ -14,9 +14,9 @@ from pathlib import Path
 
 import requests
 
-from rank_wire import MONITOR_AGENT
+from rank_wire import MONITOR_AGENT, auth
 from worker_server import RankIdentity, RankState, WorkerServer
-from worker_server.probe import MAX_BYTES
+from worker_server.probe import MAX_BYTES, PAYLOAD_PATH
 
 
 def test_a_wedged_flight_recorder_dump_does_not_starve_healthz():
@@ -63,12 +63,15 @@ def test_large_answers_need_no_writable_temp_dir(monkeypatch, tmp_path, caplog):
     # a read-only root: no temp file can be made, where waitress put any answer over 1 MiB
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "absent"))
     dump = json.dumps({"entries": [{"x": "y" * 500}] * 6000}).encode()  # 3 MB
-    srv = WorkerServer(RankState(RankIdentity(job="audit")), fr_dumper=lambda *_a, **_k: dump)
+    srv = WorkerServer(RankState(RankIdentity(job="audit")), fr_dumper=lambda *_a, **_k: dump,
+                       exit_token="t")
     srv.serve()
     try:
         r = requests.get(srv.url + "/v1/fr_trace", timeout=20)
         assert r.status_code == 200 and len(r.json()["entries"]) == 6000
-        r = requests.get(srv.url + "/v1/probe/payload", params={"bytes": MAX_BYTES}, timeout=20)
+        path = f"{PAYLOAD_PATH}?bytes={MAX_BYTES}"
+        r = requests.get(srv.url + path, timeout=20,
+                         headers={"Authorization": auth.peer_authorization("t", path)})
         assert r.status_code == 200 and len(r.content) == MAX_BYTES
     finally:
         srv.stop()

@@ -10,8 +10,9 @@ import time
 import pytest
 import requests
 
+from rank_wire import auth
 from worker_server import RankIdentity, RankState, WorkerServer
-from worker_server.probe import DEFAULT_BYTES, MAX_BYTES
+from worker_server.probe import DEFAULT_BYTES, MAX_BYTES, PAYLOAD_PATH
 
 TOKEN = "probe-unit-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -70,9 +71,15 @@ def test_a_down_peer_fails_fast_and_a_silent_one_within_the_timeout(ranks):
     assert res["error"] == "transfer: timed out (0.5 s) after 0 of 1024 bytes"
 
 
+def signed_get(url: str, query: str, token: str = TOKEN) -> requests.Response:
+    path = PAYLOAD_PATH + query
+    return requests.get(url + path, timeout=10,
+                        headers={"Authorization": auth.peer_authorization(token, path)})
+
+
 def test_payload_is_bounded_zeros(ranks):
     a, _ = ranks
-    get = lambda q: requests.get(a.url + "/v1/probe/payload" + q, timeout=10)  # noqa: E731
+    get = lambda q: signed_get(a.url, q)  # noqa: E731
     assert get("?bytes=0").content == b""
     r = get(f"?bytes={MAX_BYTES}")
     assert r.status_code == 200 and r.content == bytes(MAX_BYTES)
@@ -92,9 +99,36 @@ def test_probe_needs_the_exit_token(ranks):
     try:
         r = probe(off.url, body)
         assert r.status_code == 403 and "LIGHTKEEPER_EXIT_TOKEN" in r.json()["error"]
-        assert requests.get(off.url + "/v1/probe/payload?bytes=3", timeout=5).content == b"\0" * 3
+        r = signed_get(off.url, "?bytes=3")
+        assert r.status_code == 403 and "LIGHTKEEPER_EXIT_TOKEN" in r.json()["error"]
     finally:
         off.stop()
+
+
+def test_the_payload_is_only_for_a_peer_holding_the_ranks_token(ranks):
+    """Its bytes cost the rank's threads: a reader looping on an open payload slowed a rank
+    into a straggler the monitor evicted. Unsigned, signed with another token, for another
+    size or as a rank call: refused at once, with no bytes."""
+    a, b = ranks
+    url = a.url + PAYLOAD_PATH + "?bytes=4096"
+    for headers in ({}, {"Authorization": f"Bearer {TOKEN}"},
+                    {"Authorization": auth.peer_authorization("other", PAYLOAD_PATH + "?bytes=4096")},
+                    {"Authorization": auth.peer_authorization(TOKEN, PAYLOAD_PATH + "?bytes=1")},
+                    {"Authorization": auth.header(TOKEN, "GET", PAYLOAD_PATH + "?bytes=4096",
+                                                  auth.identity(0, 0, None), b"")}):
+        r = requests.get(url, headers=headers, timeout=5)
+        assert r.status_code == 401 and "signed with the ranks' token" in r.json()["error"], headers
+    assert signed_get(a.url, "?bytes=4096").content == bytes(4096)
+    # a peer holding another token measures nothing: its fetch is refused, said in the result
+    other = WorkerServer(RankState(RankIdentity(replica_group=5)), exit_token="other").serve()
+    try:
+        r = probe(other.url, {"peers": [a.url], "bytes": 1024},
+                  headers={"Authorization": "Bearer other"})
+        [res] = r.json()["results"]
+        assert res["ok"] is False and res["error"] == f"transfer: HTTP 401 from {PAYLOAD_PATH}"
+        assert r.json()["control"]["ok"] is True  # its own payload: its own token
+    finally:
+        other.stop()
 
 
 @pytest.mark.parametrize("body, says", [

@@ -335,7 +335,7 @@ def test_a_probe_while_another_runs_is_429(monkeypatch):
 
     running, release = threading.Event(), threading.Event()
 
-    def slow_probe(req, control_url):
+    def slow_probe(req, token, control_url):
         running.set()
         assert release.wait(10)
         return [], None

@@ -82,15 +82,19 @@ def monitor_call_refusal(state: RankState, token: str, exit_auth: str = "any") -
             return BEARER_OFF
         return None if bearer_token_matches(authorization, token) else UNAUTHORIZED
     ident = state.identity
-    query = request.query_string.decode("latin-1")
-    # the route's path: werkzeug's request.path leaves out SCRIPT_NAME, the prefix a proxy in
-    # front of the rank strips, as the monitor signs it (docs/CONTRACTS.md, Signed calls)
-    signed = rank_auth.verify(token, request.method,
-                              request.path + (f"?{query}" if query else ""),
+    signed = rank_auth.verify(token, request.method, _signed_path(),
                               rank_auth.identity(ident.replica_group, ident.group_rank,
                                                  state.replica_id),
                               request.get_data(cache=True), signature)
     return None if signed else UNAUTHORIZED
+
+
+def _signed_path() -> str:
+    """The request's route with its query as the caller signed it: werkzeug's request.path
+    leaves out SCRIPT_NAME, the prefix a proxy in front of the rank strips (docs/CONTRACTS.md,
+    Signed calls)."""
+    query = request.query_string.decode("latin-1")
+    return request.path + (f"?{query}" if query else "")
 
 
 def create_app(
@@ -111,7 +115,8 @@ def create_app(
     ``exit_token`` to ``POST /v1/abort`` (the cross-group process group is aborted, the process
     goes on) and ``exit_token`` alone to ``POST /v1/probe``; without them a route answers 403.
     ``exit_auth`` (``LIGHTKEEPER_EXIT_AUTH``, :data:`EXIT_AUTH`): ``hmac`` refuses the
-    deprecated bearer token. ``GET /v1/probe/payload`` is read-only and always served."""
+    deprecated bearer token. ``GET /v1/probe/payload`` is served to a peer's fetch signed
+    with ``exit_token`` (rank_wire.auth.PEER)."""
     if exit_auth not in EXIT_AUTH:
         raise ValueError(f"exit_auth {exit_auth!r}: one of {', '.join(EXIT_AUTH)}")
     app = Flask("lightkeeper.worker_server")
@@ -231,7 +236,7 @@ def create_app(
         if not probing.acquire(blocking=False):
             return jsonify(error=PROBE_BUSY, status=429), 429
         try:
-            results, control = probe_peers(req, state.control_url or state.worker_url)
+            results, control = probe_peers(req, exit_token, state.control_url or state.worker_url)
         finally:
             probing.release()
         return jsonify({"from": {"worker_url": state.worker_url, "host": ident.host,
@@ -242,6 +247,15 @@ def create_app(
 
     @app.get("/v1/probe/payload")
     def v1_probe_payload():
+        # its bytes cost this rank's threads: open, a reader in a loop slowed the rank into a
+        # straggler, evicted; only a peer asked to probe holds the ranks' token
+        if not exit_token:
+            return jsonify(error="probing is disabled on this rank (start it with "
+                                 "LIGHTKEEPER_EXIT_TOKEN set)", status=403), 403
+        if not rank_auth.verify(exit_token, "GET", _signed_path(), rank_auth.PEER, b"",
+                                rank_auth.signature_of(request.headers.get("Authorization"))):
+            return jsonify(error="the payload is served only to a peer's fetch signed with the "
+                                 "ranks' token (POST /v1/probe asks for it)", status=401), 401
         n = int_param(request.args, "bytes", 0, MAX_BYTES)
         n = DEFAULT_BYTES if n is None else n
         return Response(payload(n), mimetype="application/octet-stream",

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from http_serving import split_host_port
+from rank_wire import auth
 
 MAX_PEERS = 64
 MAX_BYTES = 4 * 1024 * 1024
@@ -103,9 +104,10 @@ def _error(e: BaseException, timeout_s: float) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def probe_peer(url: str, nbytes: int, timeout_s: float) -> dict[str, Any]:
-    """Connect to ``url`` (timed), then fetch ``nbytes`` from its payload route (timed), all
-    within ``timeout_s``. Never raises: a failure is ``ok: false`` with ``error``."""
+def probe_peer(url: str, nbytes: int, timeout_s: float, token: str) -> dict[str, Any]:
+    """Connect to ``url`` (timed), then fetch ``nbytes`` from its payload route (timed, signed
+    with the ranks' ``token``), all within ``timeout_s``. Never raises: a failure is
+    ``ok: false`` with ``error``."""
     out: dict[str, Any] = {"peer": url, "ok": False, "connect_s": None, "transfer_s": None,
                            "mbit_s": None, "error": None}
     host, port = split_host_port(url)
@@ -125,8 +127,9 @@ def probe_peer(url: str, nbytes: int, timeout_s: float) -> dict[str, Any]:
         try:
             sock = conn.sock  # the response reads through it after the connection lets go
             sock.settimeout(max(deadline - began, 0.001))
-            conn.request("GET", f"{PAYLOAD_PATH}?bytes={nbytes}",
-                         headers={"Connection": "close"})
+            path = f"{PAYLOAD_PATH}?bytes={nbytes}"
+            conn.request("GET", path, headers={
+                "Connection": "close", "Authorization": auth.peer_authorization(token, path)})
             resp = conn.getresponse()
             if resp.status != 200:
                 out["error"] = f"transfer: HTTP {resp.status} from {PAYLOAD_PATH}"
@@ -157,7 +160,7 @@ def probe_peer(url: str, nbytes: int, timeout_s: float) -> dict[str, Any]:
         conn.close()
 
 
-def probe_peers(req: ProbeRequest, control: str | None = None
+def probe_peers(req: ProbeRequest, token: str, control: str | None = None
                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """:func:`probe_peer` for every peer, :data:`PARALLEL` at a time (results in the order the
     peers were given), and for ``control`` (this rank's own URL) alongside: a transfer with no
@@ -166,5 +169,6 @@ def probe_peers(req: ProbeRequest, control: str | None = None
     urls = [*req.peers, *([control] if control else [])]
     workers = min(PARALLEL, len(urls))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lightkeeper-probe") as pool:
-        rows = list(pool.map(lambda url: probe_peer(url, req.nbytes, req.timeout_s), urls))
+        rows = list(pool.map(lambda url: probe_peer(url, req.nbytes, req.timeout_s, token),
+                             urls))
     return rows[:len(req.peers)], (rows[-1] if control else None)
