@@ -451,3 +451,17 @@ def test_a_refusal_said_is_forgotten_once_its_url_leaves_the_view(fake_ranks, ca
         calls.close()
     lines = [r.getMessage() for r in caplog.records if "refused a signed" in r.getMessage()]
     assert len(lines) == 2  # said again once the URL came back
+
+
+def test_a_body_nested_too_deeply_is_400_not_a_500():
+    """json's parser recurses: ``[[[...]]]`` 5,000 deep raised RecursionError through
+    werkzeug's silent get_json, a 500 and an ERROR line in the job's log."""
+    c, _, exits, aborts = rank_app()
+    deep = b"[" * 5000 + b"]" * 5000
+    mine = f"2/1/{RID}"
+    for path in ("/v1/abort", "/v1/probe", "/v1/exit"):
+        r = c.post(path, data=deep, headers={
+            "Authorization": auth.header(TOKEN, "POST", path, mine, deep),
+            "Content-Type": "application/json"})
+        assert r.status_code == 400 and "nested too deeply" in r.get_json()["error"], path
+    assert exits == [] and aborts == []

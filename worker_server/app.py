@@ -68,7 +68,16 @@ def json_body() -> Any:
     application/json`` is a 400 naming that header, not "not JSON" (a plain ``curl -d``)."""
     if not request.is_json and request.get_data(cache=True).strip():
         raise BadParameter(NOT_JSON_TYPED)
-    return request.get_json(silent=True)
+    return _get_json()
+
+
+def _get_json() -> Any:
+    """werkzeug's silent ``get_json``, which lets a RecursionError (``[[[...`` nested too
+    deeply for the parser) through as a 500 and an ERROR line in the job's log: a 400 here."""
+    try:
+        return request.get_json(silent=True)
+    except RecursionError:
+        raise BadParameter("the body's JSON is nested too deeply") from None
 
 
 def monitor_call_refusal(state: RankState, token: str, exit_auth: str = "any") -> str | None:
@@ -192,7 +201,7 @@ def create_app(
         refused = call_refusal()
         if refused:
             return refused
-        body = request.get_json(silent=True)
+        body = _get_json()
         reason = body.get("reason") if isinstance(body, dict) else None
         # the reason goes to the job's log: one line, as long as an abort's at most
         reason = " ".join(reason.split())[:MAX_REASON] if isinstance(reason, str) else ""
