@@ -117,6 +117,7 @@ class _Task(WSGITask):
     def get_environment(self):
         environ = super().get_environment()
         environ[HOLD_RESPONSE] = self.channel.hold
+        self.channel.served_at = time.monotonic()
         return environ
 
 
@@ -127,6 +128,11 @@ class _Channel(HTTPChannel):
 
     task_class = _Task
     _hold_until = 0.0
+    served_at = 0.0  # when its last request began to be served, or it was accepted
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.served_at = time.monotonic()
 
     def hold(self, seconds: float) -> None:
         self._hold_until = time.monotonic() + seconds
@@ -188,12 +194,27 @@ class _Server(TcpWSGIServer):
         return pair
 
     def readable(self):
+        if len(self._map) >= self.adj.connection_limit:
+            self._make_room()
         # the loop's poll timeout (1 s) ends a pause at the latest
         return super().readable() and time.monotonic() >= self._paused_until
+
+    def _make_room(self) -> None:
+        """At waitress' connection limit it stops accepting, so clients that open connections
+        and never finish a request (one header line every few seconds keeps waitress' idle
+        timeout away) locked every new client out for as long as they liked. Instead the
+        connection longest without a request served, and none in progress, is closed: a client
+        sending requests keeps its connection, one that sends none loses it."""
+        now = time.monotonic()
+        idle = [ch for ch in self._map.values() if isinstance(ch, _Channel) and not ch.requests
+                and not ch.total_outbufs_len and now - ch.served_at >= MIN_IDLE_S]
+        if idle:
+            min(idle, key=lambda ch: ch.served_at).close()
 
 
 _NO_FDS = (errno.EMFILE, errno.ENFILE)
 ACCEPT_PAUSE_S = 0.5
+MIN_IDLE_S = 1.0  # a connection this young is not closed to make room: it may be about to ask
 
 
 class BackgroundWSGIServer:
