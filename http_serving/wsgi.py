@@ -163,6 +163,26 @@ class _Channel(HTTPChannel):
         # the task's thread flushes too, as it writes: the hold holds there as well
         return False if self._held() else super()._flush_some(do_close=do_close)
 
+    def _flush_outbufs_below_high_watermark(self):
+        """waitress' wait, on the task's thread, for the client to read its answers down below
+        the high watermark, but not forever: clients pipelining large answers and never reading
+        held every thread, and the rank answered no one, its monitor included. A client that
+        reads nothing for WRITE_STALL_S loses its connection."""
+        if self.total_outbufs_len <= self.adj.outbuf_high_watermark:
+            return
+        with self.outbuf_lock:
+            left, since = self.total_outbufs_len, time.monotonic()
+            while self.connected and self.total_outbufs_len > self.adj.outbuf_high_watermark:
+                if self.total_outbufs_len < left:  # it reads: however slowly, it may go on
+                    left, since = self.total_outbufs_len, time.monotonic()
+                elif since and time.monotonic() - since >= WRITE_STALL_S:
+                    # closed by the loop's thread (a socket that takes nothing never gets to
+                    # waitress' own close), which wakes this wait
+                    self.server.stalled.append(self)
+                    since = 0.0
+                self.server.pull_trigger()  # the loop flushes what the socket takes
+                self.outbuf_lock.wait(1.0)
+
 
 class _Server(TcpWSGIServer):
     """waitress' server, pausing its accepts while this process is out of file descriptors:
@@ -171,6 +191,7 @@ class _Server(TcpWSGIServer):
 
     _paused_until = 0.0
     _short = False
+    stalled: list[HTTPChannel]  # connections whose client stopped reading: the loop closes them
 
     def accept(self):
         try:
@@ -194,6 +215,8 @@ class _Server(TcpWSGIServer):
         return pair
 
     def readable(self):
+        while self.stalled:
+            self.stalled.pop().handle_close()
         if len(self._map) >= self.adj.connection_limit:
             self._make_room()
         # the loop's poll timeout (1 s) ends a pause at the latest
@@ -214,6 +237,7 @@ class _Server(TcpWSGIServer):
 
 _NO_FDS = (errno.EMFILE, errno.ENFILE)
 ACCEPT_PAUSE_S = 0.5
+WRITE_STALL_S = 10.0  # a client reading none of its answers this long is closed
 MIN_IDLE_S = 1.0  # a connection this young is not closed to make room: it may be about to ask
 
 
@@ -237,6 +261,7 @@ class BackgroundWSGIServer:
             sock.close()
             raise
         self._server.__class__ = _Server  # create_server's TcpWSGIServer for the one socket
+        self._server.stalled = []
         self._server.channel_class = _Channel
         self.host = host
         self.port = int(self._server.effective_port)

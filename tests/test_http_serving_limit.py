@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 
-from http_serving import BackgroundWSGIServer
+from http_serving import BackgroundWSGIServer, wsgi
 from lightkeeper.processes import wait_until
 
 
@@ -42,4 +42,35 @@ def test_clients_that_never_finish_a_request_do_not_lock_others_out():
     finally:
         for s in held:
             s.close()
+        server.stop()
+
+
+def big(environ, start_response):
+    start_response("200 OK", [("Content-Type", "application/octet-stream")])
+    if environ["PATH_INFO"] == "/big":
+        return (bytes(1 << 20) for _ in range(24))  # past waitress' 16 MiB high watermark
+    return [b"hello"]
+
+
+def test_a_client_that_asks_a_large_answer_and_never_reads_does_not_hold_a_thread(monkeypatch):
+    """An answer its client does not read fills waitress' buffers past its high watermark,
+    where the task's thread waited for the client for ever: a few such connections held every
+    thread and the server answered no one (one thread here: the next client waits on it)."""
+    monkeypatch.setattr(wsgi, "WRITE_STALL_S", 1.0)
+    server = BackgroundWSGIServer(big, threads=1).start()
+    stalled = socket.socket()
+    try:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((server.host, server.port))
+        stalled.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        stalled.settimeout(10)
+        assert stalled.recv(1, socket.MSG_PEEK)  # its answer began: the one thread is on it
+        wait_until(lambda: ask(server.host, server.port).startswith(b"HTTP/1.1 200"), 15,
+                   what="a new client served beside a connection that stopped reading")
+        got = 0
+        while chunk := stalled.recv(1 << 20):  # what its buffers held, then the close
+            got += len(chunk)
+        assert got < 24 << 20
+    finally:
+        stalled.close()
         server.stop()
