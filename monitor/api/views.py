@@ -105,6 +105,7 @@ def cluster_head(monitor: Any, view: ClusterView | None) -> dict[str, Any]:
     """``/v1/cluster``'s own fields (``monitor``: a monitor.service.Monitor): what may change
     between sweeps."""
     cfg, stores = monitor.cfg, monitor.torch_ranks.stores
+    unwatched = sorted(stores.unwatched.items()) if stores is not None else []
     return {"job": cfg.job, "lighthouse": redact_url(cfg.lighthouse),
             "dry_run": cfg.rails.dry_run, "sweeps": monitor.sweeps,
             "monitor_started_at": monitor.started_at,
@@ -116,6 +117,8 @@ def cluster_head(monitor: Any, view: ClusterView | None) -> dict[str, Any]:
             "network_probes": monitor.probes.to_json(),
             "torch_only": {"store_discovery": cfg.torch_stores,
                            "store_error": stores.error if stores is not None else None,
+                           "unwatched": [{"replica_id": r, "store": s, "group_ranks": list(g),
+                                          "why": why} for (r, s), (g, why) in unwatched],
                            "cannot_show": list(CANNOT_SHOW)},
             "shard": monitor.shard.to_json() if monitor.shard else None}
 

@@ -40,6 +40,9 @@ STORE_RETRY_MAX_S = 80.0  # ... doubled after each further failure to read it, u
 # agent's store keeps the old ranks' keys until each new rank rewrites its own
 STORE_REFRESH_S = 30.0
 MAX_STORE_READS = 64  # store reads under way (torch's client can wait without end) at most
+# a group's ranks lacking their key this long are said unwatched: a starting group writes its
+# replica id (torchft's Manager) before its ranks call start_debug_server()
+UNWATCHED_AFTER_S = 30.0
 _GROUP_NUMBER = re.compile(r"(\d+)$")
 
 
@@ -248,6 +251,7 @@ class _Got:
     key: str = ""
     message: str | None = None
     client: Any = None  # torch's client of the store, kept for its next read
+    missing: tuple[int, ...] = ()  # group ranks whose key the store (the group's) lacks
 
 
 class _Reading:
@@ -289,6 +293,9 @@ class StoreReader:
         self._last_listed: dict[str, float] = {}  # replica id -> when the Lighthouse listed it
         self._said: set[str] = set()
         self.error: str | None = None  # the last store that could not be read, and why
+        self._missing: dict[tuple[str, str], tuple[float, tuple[int, ...]]] = {}  # since, ranks
+        # group ranks lacking their key UNWATCHED_AFTER_S: (replica id, store) -> (ranks, why)
+        self.unwatched: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {}
 
     def identities(self) -> dict[str, TorchIdentity]:
         """URL -> identity of every rank found and not forgotten."""
@@ -308,7 +315,7 @@ class StoreReader:
         groups = list(groups)
         listed = {(rid, store) for rid, store, _ in groups}
         moved = {rid for rid, _, _ in groups}  # a group's store it no longer names: its old ranks
-        for table in (self._reads, self._clients):
+        for table in (self._reads, self._clients, self._missing):
             for key in [k for k in table if k[0] in moved and k not in listed]:
                 del table[key]  # a client's connection closes with it
         for rid, store, ws in groups:
@@ -346,7 +353,25 @@ class StoreReader:
                 del self._reads[key]
             for key in [k for k in self._clients if k[0] == rid]:
                 del self._clients[key]  # its connection closes with it
+            self._missing = {k: v for k, v in self._missing.items() if k[0] != rid}
+        self._say_unwatched(now)
         return self.identities()
+
+    def _say_unwatched(self, now: float) -> None:
+        """Say (once) the groups whose ranks wrote no address for UNWATCHED_AFTER_S, and when
+        that ends: no rank of theirs is polled, so nothing else would."""
+        was, self.unwatched = self.unwatched, {
+            (rid, store): (ranks, f"torch's debug server: store {store} of {rid!r} holds no "
+                           f"{STORE_PREFIX}<N> for group rank(s) {list(ranks)}: not watched "
+                           "(start_debug_server() not called there, or torch older than 2.10)")
+            for (rid, store), (since, ranks) in self._missing.items()
+            if now - since >= UNWATCHED_AFTER_S}
+        for key in self.unwatched.keys() - was.keys():
+            log.warning("%s", self.unwatched[key][1])
+        for rid, store in was.keys() - self.unwatched.keys():
+            log.warning("torch's debug server: store %s of %r: %s", store, rid,
+                        "every rank's address found, watched now" if (rid, store) in self._reads
+                        else "the Lighthouse no longer lists its group there")
 
     def _say(self, key: str, message: str) -> None:
         self.error = message
@@ -359,6 +384,10 @@ class StoreReader:
             self._say(got.key, got.message)
         if not got.failed:
             self._said.discard(f"store:{key[1]}")  # read: a later failure is said again
+            if got.missing:
+                self._missing[key] = (self._missing.get(key, (now,))[0], got.missing)
+            else:
+                self._missing.pop(key, None)
         old = self._reads.get(key)
         if got.failed and old is not None:
             wait = min(2 * old.wait, STORE_RETRY_MAX_S)
@@ -419,9 +448,12 @@ class StoreReader:
                 f"torch's debug server: store {store} holds replica_id {listed!r}, not "
                 f"{rid!r}: its ranks are not read"), client=client)
         found: dict[str, TorchIdentity] = {}
+        missing = []
         for i in range(ws):
             key = f"{STORE_PREFIX}{i}"
             if client.check([key]):
                 addr = client.get(key).decode("utf-8", "replace")
                 found[torch_url(addr)] = TorchIdentity(rid, group, i, ws, store)
-        return _Got(found, len(found) == ws, client=client)
+            else:
+                missing.append(i)
+        return _Got(found, len(found) == ws, client=client, missing=tuple(missing))

@@ -1,0 +1,71 @@
+"""What the monitor says to the user of a job whose ranks run only torch's debug server
+(docs/torch_debug_server.md): a group it cannot watch, a server without torch's handlers, and
+what it could not do to such ranks. A real torch ``TCPStore`` runs in this process; answers a
+real torch server never gives (a 404 handler list) come from a small HTTP server of the test's."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from monitor.api.app import create_app
+from monitor.config import MonitorConfig
+from monitor.poll.torch_server import UNWATCHED_AFTER_S, StoreReader
+from monitor.service import Monitor
+
+NOW = 1_800_000_000.0
+
+
+def test_a_group_whose_ranks_wrote_no_address_is_said_once_and_when_that_ends(caplog, tmp_path):
+    """torchft's Manager wrote the group's replica id, but no rank called start_debug_server()
+    (or torch is older than 2.10): no rank of it is ever polled, so the store read must say it."""
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    addr, rid = f"127.0.0.1:{store.port}", "replica_group_1:uuid"
+    store.set("replica_id", rid)
+    mon = Monitor(MonitorConfig(port=0, torch_stores=True, lighthouse="http://127.0.0.1:1",
+                                state_path=str(tmp_path / "m.db")))  # nothing listens: refused
+    try:
+        _unwatched_said(mon, mon.torch_ranks.stores, store, addr, rid, caplog)
+    finally:
+        mon.stop()
+    assert any("watched now" in r.getMessage() for r in caplog.records)
+    # a group the Lighthouse stops listing: forgotten, and said so if it was unwatched
+    reader, caplog.records[:] = StoreReader(timeout_s=5, forget_after_s=30), []
+    other = [("replica_group_2:u", addr, 3)]  # its store: the one above, another replica id
+    store.set("replica_id", "replica_group_2:u")
+    with caplog.at_level("WARNING", logger="monitor.poll.torch_server"):
+        reader.read(other, NOW)
+        reader.read(other, NOW + UNWATCHED_AFTER_S)
+        assert reader.unwatched[("replica_group_2:u", addr)][0] == (2,)
+        reader.read([], NOW + UNWATCHED_AFTER_S + 30)
+    assert reader.unwatched == {}
+    assert "no longer lists its group" in caplog.records[-1].getMessage()
+
+
+def _unwatched_said(mon, reader, store, addr, rid, caplog) -> None:
+    """``reader`` (the monitor's own, fed here as its sweep feeds it) says the group unwatched
+    once it has been so UNWATCHED_AFTER_S, in the log, /v1/cluster and the overview."""
+    group = [(rid, addr, 2)]
+    with caplog.at_level("WARNING", logger="monitor.poll.torch_server"):
+        assert reader.read(group, NOW) == {}
+        assert reader.unwatched == {}  # a starting group: its ranks may not have started it yet
+        for t in (UNWATCHED_AFTER_S, UNWATCHED_AFTER_S + 10):
+            assert reader.read(group, NOW + t) == {}
+        said = [r.getMessage() for r in caplog.records if "not watched" in r.getMessage()]
+        assert len(said) == 1, said
+        assert f"store {addr} of {rid!r} holds no debug_server/rank<N> for group rank(s) " \
+               "[0, 1]" in said[0] and "start_debug_server() not called" in said[0] \
+               and "torch older than 2.10" in said[0]
+        mon.sweep_once()  # the Lighthouse unreadable: no store read, what was found stands
+        row, = mon.cluster_json()["torch_only"]["unwatched"]
+        assert row["replica_id"] == rid and row["store"] == addr, row
+        assert row["group_ranks"] == [0, 1] and row["why"] == said[0]
+        page = create_app(mon).test_client().get("/").get_data(as_text=True)
+        assert "Not watched" in page and addr in page
+        store.set("debug_server/rank0", "http://node7:4100")
+        store.set("debug_server/rank1", "http://node8:4100")
+        assert len(reader.read(group, NOW + 60)) == 2
+    assert reader.unwatched == {}
