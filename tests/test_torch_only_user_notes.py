@@ -5,13 +5,18 @@ real torch server never gives (a 404 handler list) come from a small HTTP server
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from monitor.api.app import create_app
 from monitor.config import MonitorConfig
-from monitor.poll.torch_server import UNWATCHED_AFTER_S, StoreReader
+from monitor.evidence.verification import verify_ranks
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.torch_server import UNWATCHED_AFTER_S, StoreReader, TorchPoller
 from monitor.service import Monitor
 
 NOW = 1_800_000_000.0
@@ -69,3 +74,36 @@ def _unwatched_said(mon, reader, store, addr, rid, caplog) -> None:
         store.set("debug_server/rank1", "http://node8:4100")
         assert len(reader.read(group, NOW + 60)) == 2
     assert reader.unwatched == {}
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    """Answers 404 to everything: a server at that address without torch's debug handlers."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_error(404)
+
+    do_POST = do_GET  # noqa: N815
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_server_without_torchs_handlers_is_said_so_and_never_asked_for_v1_state():
+    """torch older than 2.10 (or another program) at a rank's address: its 404 on GET /handler/
+    says what is missing; the verdict does not speak of /v1/state, which it is never asked."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"torch+http://127.0.0.1:{server.server_address[1]}"
+    poller = TorchPoller(timeout_s=2)
+    try:
+        p = poller.sweep([url])[url]
+    finally:
+        poller.close()
+        server.shutdown()
+        server.server_close()
+    assert not p.ok and p.status == 404, p
+    assert "no torch debug handlers at this address (torch older than 2.10" in p.error, p.error
+    view = ViewBuilder().update([Target(url, "torch_store")], {url: p}, now=NOW)
+    trust = verify_ranks(view.ranks, None, "unreadable", True, NOW)[url]
+    assert trust.reason == "never_answered" and "/v1/state" not in trust.detail, trust
+    assert "torch's debug server" in trust.detail

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..poll.torch_target import is_torch
 from .lighthouse_status import LighthouseStatus
 from .rank import RankView
 
@@ -104,8 +105,10 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
         elif rv.trust is not None:
             out[url] = replace(rv.trust, stale=True)
         else:
-            out[url] = Trust(UNVERIFIED, "never_answered", "has not answered a valid /v1/state",
-                             False, None, None, True)
+            out[url] = Trust(UNVERIFIED, "never_answered", (
+                "has not answered as a rank (torch's debug server: GET /handler/, and whose "
+                "rank it is from its group's TCPStore)" if is_torch(url)
+                else "has not answered a valid /v1/state"), False, None, None, True)
     if not configured:
         for rv in live:
             out[rv.url] = Trust(UNVERIFIABLE, "no_lighthouse", "no --lighthouse to verify "

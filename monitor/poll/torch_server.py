@@ -215,6 +215,9 @@ class TorchPoller:
                     out[u] = tuple(names)
                     self._handlers[u] = (out[u], now)
                     continue
+            elif status == 404:  # torch's server always lists its handlers there
+                error = ("GET /handler/ answered 404: no torch debug handlers at this address "
+                         "(torch older than 2.10, or not torch's debug server)")
             failed[u] = RankPoll(u, False, reason=reason, error=error, status=status,
                                  latency_s=latency, at=at)
         return out
