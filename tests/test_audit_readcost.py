@@ -54,14 +54,14 @@ def served_cpu(text: str) -> float:
     return float(m.group(1))
 
 
-def hammer(url: str, method: str, paths: list[str]) -> tuple[float, int]:
+def hammer(url: str, method: str, paths: list[str], agent: str = "curl/8") -> tuple[float, int]:
     """Ask ``paths`` in turn, back to back, for HAMMER_S: (seconds it took, answers)."""
     u = urlsplit(url)
     conn, answers, started = None, 0, time.monotonic()
     while time.monotonic() - started < HAMMER_S:
         for path in paths:
             conn = conn or http.client.HTTPConnection(u.hostname, u.port, timeout=5)
-            conn.request(method, path)
+            conn.request(method, path, headers={"User-Agent": agent})
             r = conn.getresponse()
             r.read()
             assert r.status == 200, (path, r.status)
@@ -85,6 +85,28 @@ def test_a_client_reading_back_to_back_is_paced_on_flask(state):
         # overdraws its own CPU at most (a read costing over MAX_PACE_S * READ_SHARE, 5 ms,
         # would pay less: the test's dumps cost 4 ms)
         assert spent <= worker_metrics.READ_SHARE * took + 0.01, (spent, took, answers)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("agent, path", [(MONITOR_AGENT + "/1", "/v1/state"),
+                                         ("Prometheus/2.53.0", "/metrics"),
+                                         ("curl/8", "/healthz")])
+def test_a_client_looping_as_the_monitor_or_prometheus_is_paced_past_its_allowance(
+        state, agent, path):
+    """Any client may send the monitor's or Prometheus' User-Agent, and their routes (and
+    /healthz) were never paced: four clients looping on them took a Python-bound loop to ~0.4x
+    of its pace, a straggler the monitor would evict. Past ALLOWANCE reads a second per address
+    they are paced as anyone's."""
+    server = WorkerServer(state).serve()
+    try:
+        before = served_cpu(requests.get(server.url + "/metrics", timeout=5).text)
+        took, answers = hammer(server.url, "GET", [path], agent=agent)
+        spent = served_cpu(requests.get(server.url + "/metrics", timeout=5).text) - before
+        # the allowance's reads are not paced: a burst, then ALLOWANCE a second
+        allowed = worker_metrics.ALLOWANCE_BURST + worker_metrics.ALLOWANCE * took
+        bound = worker_metrics.READ_SHARE * took + allowed * spent / answers + 0.01
+        assert spent <= bound, (spent, took, answers)
     finally:
         server.stop()
 

@@ -46,13 +46,19 @@ MAX_PACE_S = 0.25
 # 429, made at once and sent HOLD_S later (holding no thread), so a client looping on refusals
 # costs one answer per HOLD_S.
 PACED_SLOTS = 2
-# never paced nor refused: a peer's probe payload (its time is the network's measure) and
-# /healthz (a readiness probe refused would hold a rolling update; it costs next to nothing)
-UNPACED = (PAYLOAD_PATH, "/healthz")
-# (User-Agent prefix, path) never paced nor refused: the monitor's polls, and Prometheus'
-# scrapes (it ignores Retry-After: a refused scrape reads as up=0, a rank down; its scrape
-# interval bounds its cost). Any client may send these headers, so only these cheap routes.
+# never paced nor refused: a peer's probe payload (its time is the network's measure; only a
+# peer holding the ranks' token gets it)
+UNPACED = (PAYLOAD_PATH,)
+# (User-Agent prefix, path) not paced within ALLOWANCE: the monitor's polls, and Prometheus'
+# scrapes (it ignores Retry-After: a refused scrape reads as up=0, a rank down). Any client may
+# send these headers, and four looping on them took a Python-bound loop to 0.4x: past the
+# allowance such a client is paced.
 UNPACED_AGENTS = ((MONITOR_AGENT, "/v1/state"), ("Prometheus/", "/metrics"))
+# not paced within ALLOWANCE, whoever asks: a readiness probe refused would hold a rolling update
+HEALTHZ = "/healthz"
+# those reads per second per address and route, and the burst (a monitor polls once a sweep,
+# 1 s; a scrape interval is seconds; a kubelet's liveness and readiness probes may coincide)
+ALLOWANCE, ALLOWANCE_BURST = 2.0, 3.0
 # the routes a monitor's look reads of a rank at once (a bundle: its stacks and its dump): a
 # named agent's unpaced read is allowed per address and per one of these (others share one)
 LOOK_ROUTES = ("/v1/stacks", "/v1/fr_trace")
@@ -200,7 +206,8 @@ class WorkerMetrics:
         are paced (:meth:`pace`), ``paced_slots`` of them waiting at once. Another that would
         wait is answered at once, unpaced, when its client (address) had no read answered
         within HOLD_S, else 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at
-        once). :data:`UNPACED` paths and :data:`UNPACED_AGENTS` on their route never wait. On
+        once). :data:`UNPACED` paths never wait, nor :data:`UNPACED_AGENTS` on their route
+        within :data:`ALLOWANCE` (past it, as on any other route). On
         another route one of those agents has its own allowance per address and
         :data:`LOOK_ROUTES` route: its first read within HOLD_S is answered unpaced, its next
         one paced even with no slot free (at most MAX_PACE_S, one such read at a time), and
@@ -208,16 +215,16 @@ class WorkerMetrics:
         a monitor's look (stacks and a dump of a rank at once) is neither slowed nor refused."""
         slots = threading.BoundedSemaphore(paced_slots)
         extra = threading.BoundedSemaphore(1)
-        readers = _Readers()
+        readers, allowance = _Readers(), _Allowance()
 
         def wsgi(environ, start_response):
             read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
             path, agent = environ.get("PATH_INFO"), environ.get("HTTP_USER_AGENT", "")
             named = [route for prefix, route in UNPACED_AGENTS if agent.startswith(prefix)]
             keys: tuple = ()  # marked again once answered: a slow answer's next ask loops
-            if read and path not in UNPACED and path not in named and self.pace_s() > 0:
-                client = environ.get("REMOTE_ADDR", "")
-                now = time.monotonic()
+            client, now = environ.get("REMOTE_ADDR", ""), time.monotonic()
+            if read and path not in UNPACED and self.pace_s() > 0 and not (
+                    (path in named or path == HEALTHZ) and allowance.take((client, path), now)):
                 key = (client, path if path in LOOK_ROUTES else "") if named else client
                 keys = (key,)
                 if named and readers.first(key, now):
@@ -276,6 +283,28 @@ class WorkerMetrics:
         self.compute_seconds.observe(timing.compute_s)
         self.wait_seconds["cross"].observe(timing.wait_cross_s)
         self.wait_seconds["group"].observe(timing.wait_group_s)
+
+
+class _Allowance:
+    """:data:`ALLOWANCE` reads a second per key, :data:`ALLOWANCE_BURST` at once (a token
+    bucket); keys whose bucket refilled are forgotten past KEEP."""
+
+    KEEP = 256
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[Any, tuple[float, float]] = {}  # key -> (reads left, at)
+
+    def take(self, key: Any, now: float) -> bool:
+        with self._lock:
+            left, at = self._left.get(key, (ALLOWANCE_BURST, now))
+            left = min(ALLOWANCE_BURST, left + (now - at) * ALLOWANCE)
+            taken = left >= 1.0
+            self._left[key] = (left - 1.0 if taken else left, now)
+            if len(self._left) > self.KEEP:
+                self._left = {k: (n, t) for k, (n, t) in self._left.items()
+                              if n + (now - t) * ALLOWANCE < ALLOWANCE_BURST}
+            return taken
 
 
 class _Readers:
