@@ -12,9 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from monitor.api.app import create_app
-from monitor.config import MonitorConfig
+from monitor.config import MonitorConfig, ProbeConfig
+from monitor.evidence.probes import ProbeMesh
 from monitor.evidence.verification import verify_ranks
 from monitor.evidence.view import ViewBuilder
+from monitor.poll.admission import token_warning
 from monitor.poll.discovery import Target
 from monitor.poll.torch_server import UNWATCHED_AFTER_S, StoreReader, TorchPoller
 from monitor.service import Monitor
@@ -107,3 +109,24 @@ def test_a_server_without_torchs_handlers_is_said_so_and_never_asked_for_v1_stat
     trust = verify_ranks(view.ranks, None, "unreadable", True, NOW)[url]
     assert trust.reason == "never_answered" and "/v1/state" not in trust.detail, trust
     assert "torch's debug server" in trust.detail
+
+
+@pytest.mark.parametrize("urls, said, unsaid", [
+    (["torch+http://h0:1", "torch+http://h1:1"], "Lightkeeper's WorkerServer", "--rank-exit-token"),
+    (["torch+http://h0:1", "http://h1:1"], "--rank-exit-token", "torch's debug server")])
+def test_no_probe_token_asked_of_a_job_on_torchs_debug_server_alone(urls, said, unsaid):
+    """A job stalled with no group to blame, and no ranks' token: ranks on torch's debug server
+    alone take no probes, so the note says that instead of asking for a token that would not
+    help; a job with Lightkeeper ranks among them is still asked for the token."""
+    view = ViewBuilder().update([Target(u, "torch_store") for u in urls], {}, now=NOW)
+    mesh = ProbeMesh(ProbeConfig(), None)
+    mesh.ask(view, True, None, NOW)
+    assert said in mesh.note and unsaid not in mesh.note, mesh.note
+
+
+def test_the_registration_token_warning_says_whose_registration_it_is():
+    """Mixed jobs may register Lightkeeper ranks: the warning stays, and says it is not about
+    ranks on torch's debug server alone."""
+    line = token_warning(None, "admin")
+    assert "Lightkeeper ranks register only with the admin token" in line
+    assert "ranks on torch's debug server alone never register" in line

@@ -197,8 +197,13 @@ class ProbeMesh:
         if not self.cfg.enabled:
             return self._hold("off", "network probes are off (--no-probes): a network fault's "
                                      "host is not looked for")
+        urls = (known or view).ranks
+        if urls and all(map(is_torch, urls)):  # nothing to ask, whatever the token
+            return self._hold("torch", "network probes need ranks running Lightkeeper's "
+                                       "WorkerServer (torch's debug server serves no /v1/probe): "
+                                       "a network fault's host is not looked for")
         if not self.token:
-            return self._hold("token", "network probes need the ranks' token "
+            return self._hold("token", "network probes need the Lightkeeper ranks' token "
                                        "(--rank-exit-token / LIGHTKEEPER_EXIT_TOKEN): a network "
                                        "fault's host is not looked for")
         if blind:

@@ -72,10 +72,11 @@ def token_warning(register_token: str | None, admin_token: str | None,
         return ("--register-token equals --token: every pod holding it can also evict and "
                 "release hosts; give them different values")
     if admin_token and not register_token:
-        return ("--token without --register-token: ranks register only with the admin token "
-                "(one without it is refused, HTTP 401), so every pod holding it can also evict "
-                "and release hosts; set --register-token (LIGHTKEEPER_REGISTER_TOKEN) and give "
-                "the pods only that one")
+        return ("--token without --register-token: Lightkeeper ranks register only with the "
+                "admin token (one without it is refused, HTTP 401), so every pod holding it can "
+                "also evict and release hosts; set --register-token (LIGHTKEEPER_REGISTER_TOKEN) "
+                "and give the pods only that one (ranks on torch's debug server alone never "
+                "register)")
     return None
 
 
