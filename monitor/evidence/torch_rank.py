@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from monitor.poll.poller import RankPoll
 from monitor.poll.torch_server import (
@@ -54,49 +54,118 @@ def combined(raw: TorchAnswer) -> Mapping[str, Any] | None:
     return raw.dump if isinstance(raw.dump, Mapping) else None
 
 
-def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping] | None:
-    """(scope, seconds, entry) of the oldest collective enqueued and not completed, of every
-    group but torchft's older incarnations; None when none (or the dump says too little)."""
+class _Pg(NamedTuple):
+    """A process group as one dump shows it: its name, last completed and enqueued sequence
+    ids (pg_status), its entries and the span of their enqueue times (ns)."""
+    name: str | None
+    done: int
+    enqueued: int
+    entries: list[Mapping]
+    first_ns: int
+    last_ns: int
+
+
+def _created(e: Mapping) -> int | None:
+    t = e.get("time_created_ns")
+    return t if isinstance(t, int) and not isinstance(t, bool) and t > 0 else None
+
+
+def _groups(dump: Mapping[str, Any]) -> dict[int, _Pg]:
+    """pg_id -> :class:`_Pg` of each group a wait is read in: every one but torchft's older
+    incarnations, with a pg_status and an entry (or the dump says too little: empty)."""
     entries, status = dump.get("entries"), dump.get("pg_status")
     if not isinstance(entries, list) or not isinstance(status, Mapping):
-        return None
+        return {}
     newest_ft = max((p for e in entries if isinstance(e, Mapping)
                      and is_torchft_pg_name(recorders.pg_name(e))
                      and (p := _int(e.get("pg_id"))) is not None), default=None)
-    pending: dict[int, int] = {}  # pg_id -> the first sequence id not completed
-    for pg_id, st in status.items():
-        if not isinstance(st, Mapping):
+    by_pg: dict[int, list[Mapping]] = {}
+    for e in entries:
+        if isinstance(e, Mapping) and (pg_id := _int(e.get("pg_id"))) is not None and \
+                (pg_id == newest_ft or not is_torchft_pg_name(recorders.pg_name(e))):
+            by_pg.setdefault(pg_id, []).append(e)
+    out = {}
+    for key, st in status.items():
+        pg_id, es = _int(key), by_pg.get(_int(key))  # type: ignore[arg-type]
+        if not isinstance(st, Mapping) or pg_id is None or not es:
             continue
         done, enq = _int(st.get("last_completed_collective")), \
             _int(st.get("last_enqueued_collective"))
-        if done is not None and enq is not None and enq > done and _int(pg_id) is not None:
-            pending[_int(pg_id)] = done + 1
+        times = [t for e in es if (t := _created(e)) is not None]
+        if done is not None and enq is not None and times:
+            out[pg_id] = _Pg(recorders.pg_name(es[0]), done, enq, es, min(times), max(times))
+    return out
+
+
+def blocked_in(dump: Mapping[str, Any], now: float,
+               past: Mapping[int, tuple[int, int]] | None = None
+               ) -> tuple[str, float, Mapping] | None:
+    """(scope, seconds, entry) of the oldest collective enqueued and not completed, of every
+    group but torchft's older incarnations; None when none (or the dump says too little).
+    ``past``: pg_id -> (the furthest sequence id another member of that group completed, the
+    furthest it enqueued). gloo's recorder marks a step's last collective completed only once
+    the rank enqueues its next one, so the rank's own word is not enough: a collective
+    completes for every member together, so one that another member completed, or enqueued a
+    later one past, is not what the rank is blocked in."""
     oldest = None
-    for e in entries:
-        if not isinstance(e, Mapping):
+    for pg_id, pg in _groups(dump).items():
+        gone, ahead = (past or {}).get(pg_id, (-1, -1))
+        first = max(pg.done, gone, ahead - 1) + 1  # the first it may still be blocked in
+        if first > pg.enqueued:
             continue
-        pg_id, name = _int(e.get("pg_id")), recorders.pg_name(e)
-        if pending.get(pg_id) != _int(e.get("collective_seq_id")) or e.get("is_p2p"):
-            continue
-        if is_torchft_pg_name(name) and pg_id != newest_ft:
-            continue
-        created = e.get("time_created_ns")
-        if not isinstance(created, int) or isinstance(created, bool) or created <= 0:
-            continue
-        if oldest is None or created < oldest[0]:
-            oldest = (created, "cross" if is_torchft_pg_name(name) else "group", e)
+        for e in pg.entries:
+            if _int(e.get("collective_seq_id")) != first or e.get("is_p2p"):
+                continue
+            created = _created(e)
+            if created is not None and (oldest is None or created < oldest[0]):
+                oldest = (created, "cross" if is_torchft_pg_name(pg.name) else "group", e)
     if oldest is None:
         return None
     secs = now - oldest[0] / 1e9
     return oldest[1], max(0.0, secs) if math.isfinite(secs) else 0.0, oldest[2]
 
 
+def peers_past(groups: Mapping[str, tuple[TorchIdentity, int | None, Mapping[int, _Pg]]]
+               ) -> dict[str, dict[int, tuple[int, int]]]:
+    """URL -> :func:`blocked_in`'s ``past`` of each rank, from the others' dumps of a sweep
+    (``groups``: URL -> (whose, the Lighthouse quorum it takes part in or None, :func:`_groups`
+    of its dump)). Members of one group: torchft's newest incarnation of the same group rank
+    and name, of ranks in the same quorum (gloo's are all named ''), or an in-group one of the
+    same name in the same replica group. A member whose entries all predate the newest first
+    entry of the others' is of an older incarnation (it has not enqueued in its new one yet):
+    its sequence ids say nothing of theirs; hosts' clocks are taken to agree within the time a
+    quorum and its reconfiguration take."""
+    members: dict[tuple, list[tuple[str, int, _Pg]]] = {}
+    for url, (who, quorum, pgs) in groups.items():
+        for pg_id, pg in pgs.items():
+            if not is_torchft_pg_name(pg.name):
+                members.setdefault(("group", who.replica_id, pg.name), []).append(
+                    (url, pg_id, pg))
+            elif quorum is not None:
+                members.setdefault(("cross", quorum, who.group_rank, pg.name), []).append(
+                    (url, pg_id, pg))
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for group in members.values():
+        newest = max(pg.first_ns for _, _, pg in group)
+        group = [m for m in group if m[2].last_ns >= newest]
+        done = sorted(((pg.done, url) for url, _, pg in group), reverse=True)[:2]
+        enq = sorted(((pg.enqueued, url) for url, _, pg in group), reverse=True)[:2]
+        for url, pg_id, _ in group:
+            others = (next((v for v, u in done if u != url), None),
+                      next((v for v, u in enq if u != url), None))
+            if None not in others:
+                out.setdefault(url, {})[pg_id] = others  # type: ignore[assignment]
+    return out
+
+
 def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
-                lighthouse: LighthouseStatus | None, now: float, job: str) -> dict[str, Any]:
-    """The ``/v1/state`` document of a torch-only rank's answer."""
+                lighthouse: LighthouseStatus | None, now: float, job: str,
+                past: Mapping[int, tuple[int, int]] | None = None) -> dict[str, Any]:
+    """The ``/v1/state`` document of a torch-only rank's answer (``past``: as
+    :func:`blocked_in`'s)."""
     member = lighthouse.members.get(who.replica_id) if lighthouse is not None else None
     dump = combined(raw)
-    blocked = blocked_in(dump, now) if dump is not None else None
+    blocked = blocked_in(dump, now, past) if dump is not None else None
     waiting = None
     phase, since = "unknown", now
     if blocked is not None:
@@ -204,6 +273,7 @@ class TorchRanks:
         dumps: dict[str, dict[str, Any]] = {}
         if lighthouse is not None:
             self._known = lighthouse
+        known, read = self._known, {}
         for url, p in list(polls.items()):
             raw = p.data.get(RAW_KEY) if p.ok and is_torch(url) else None
             if not isinstance(raw, TorchAnswer):  # a full state (lightkeeper_state), or none
@@ -217,21 +287,37 @@ class TorchRanks:
                 continue
             try:
                 dump = combined(raw)
-                raw = TorchAnswer(raw.handlers, dump, raw.error)  # combined once
-                state = torch_state(url, who, raw, self._known, now, self.job)
-                if dump is not None:  # incarnations only of a quorum read now
-                    dumps[url] = adapted_dump(dump, state, lighthouse, p.at)
+                quorum = known.quorum_id if known is not None and \
+                    who.replica_id in known.members else None
+                read[url] = (who, TorchAnswer(raw.handlers, dump, raw.error),  # combined once
+                             quorum, _groups(dump) if dump is not None else {})
             except Exception as e:  # a dump of an unexpected shape: said, the rank kept
-                log.warning("torch-only rank %s: cannot read its answer: %s: %s", url,
-                            type(e).__name__, e)
-                polls[url] = RankPoll(url, False, reason="bad_response",
-                                      error=f"torch's answer: {type(e).__name__}: {e}",
-                                      latency_s=p.latency_s, at=p.at)
+                self._unread(polls, url, e)
+        # a rank's wait judged by its group's other members too: all their dumps are here
+        past = peers_past({u: (who, q, pgs) for u, (who, _, q, pgs) in read.items()})
+        for url, (who, raw, _, _) in read.items():
+            p = polls[url]
+            try:
+                state = torch_state(url, who, raw, known, now, self.job, past.get(url))
+                if raw.dump is not None:  # incarnations only of a quorum read now
+                    dumps[url] = adapted_dump(raw.dump, state, lighthouse, p.at)
+            except Exception as e:
+                self._unread(polls, url, e)
                 continue
             polls[url] = RankPoll(url, True, state, latency_s=p.latency_s, at=p.at)
         # answers carried from an earlier sweep (leader polling) keep their dump
         self.dumps = {**{u: d for u, d in self.dumps.items()
                          if u not in polls and u in identities}, **dumps}
+
+    @staticmethod
+    def _unread(polls: dict[str, RankPoll], url: str, e: Exception) -> None:
+        """A dump of an unexpected shape: said, the rank kept (a failed poll saying why)."""
+        p = polls[url]
+        log.warning("torch-only rank %s: cannot read its answer: %s: %s", url,
+                    type(e).__name__, e)
+        polls[url] = RankPoll(url, False, reason="bad_response",
+                              error=f"torch's answer: {type(e).__name__}: {e}",
+                              latency_s=p.latency_s, at=p.at)
 
 
 def add_stacks(new: list, stacks: Callable[[Iterable[str]], dict[str, str]]) -> None:

@@ -1,0 +1,131 @@
+"""Ranks on torch's debug server only, read through gloo's Flight Recorder, which marks a step's
+last collective completed only once the rank enqueues its next one: a rank is not blocked in a
+collective another member of its group completed or enqueued past
+(monitor.evidence.torch_rank.peers_past), so neither a rank hung outside the collectives nor
+one in its quorum call reads as blocked in its last all_reduce. Real dumps of a torchft job
+(tests/fixtures/torch-only-gloo-lag), swept as the monitor does; the detectors are real.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from monitor.config import DetectorConfig
+from monitor.detect import Detectors
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.evidence.torch_rank import TorchRanks
+from monitor.evidence.verification import Verifier
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
+from monitor.poll.torch_server import RAW_KEY, TorchAnswer, TorchIdentity
+
+FIX = Path(__file__).parent / "fixtures" / "torch-only-gloo-lag"
+
+
+def _dumps(kind: str) -> dict[tuple[int, int], dict]:
+    """(replica group, group rank) -> the dump torch served."""
+    return {(int(p.stem[1]), int(p.stem[3])): json.loads(p.read_text())
+            for p in sorted((FIX / kind).glob("g*r*.json"))}
+
+
+def _rid(g: int) -> str:
+    return f"replica_group_{g}:u{g}"
+
+
+def _status(quorum_id: int, step: int, groups, world_size: int, at: float,
+            silent: dict[int, float] | None = None) -> LighthouseStatus:
+    return LighthouseStatus(quorum_id, {_rid(g): QuorumMember(_rid(g), step, f"s{g}:1",
+                                                              world_size) for g in groups},
+                            {_rid(g): (silent or {}).get(g, 0.1) for g in groups}, at=at)
+
+
+class Job:
+    """Torch-only ranks answering ``dumps`` every sweep, as the monitor reads them."""
+
+    def __init__(self, dumps: dict[tuple[int, int], dict], world_size: int) -> None:
+        self.dumps = dumps
+        self.url = {k: f"torch+http://g{k[0]}r{k[1]}:1" for k in dumps}
+        self.who = {self.url[(g, r)]: TorchIdentity(_rid(g), g, r, world_size, f"s{g}:1")
+                    for g, r in dumps}
+        self.targets = [Target(u, "torch_store") for u in self.who]
+        self.torch, self.views, self.verifier = TorchRanks("j"), ViewBuilder(), Verifier()
+        self.detectors = Detectors(DetectorConfig(hang_floor_s=1.0))
+        self.states: dict[tuple[int, int], dict] = {}
+
+    def sweep(self, now: float, lighthouse: LighthouseStatus) -> list:
+        polls = {self.url[k]: RankPoll(self.url[k], True, {RAW_KEY: TorchAnswer(
+            ("fr_trace_json", "dump_traceback"), copy.deepcopy(d))}, at=now)
+            for k, d in self.dumps.items()}
+        self.torch.adapt(polls, self.who, lighthouse, now)
+        self.states = {k: polls[u].data for k, u in self.url.items()}
+        view = self.views.update(self.targets, polls, now=now, judge=lambda ranks, changed: (
+            self.verifier.judge(ranks, changed, lighthouse, None, True, now)))
+        dumps = {self.who[u].rank: d for u, d in self.torch.dumps.items()}
+        new = self.detectors.update(view.evidence(), dumps, now, full_view=view,
+                                    lighthouse=lighthouse)
+        assert self.detectors.last_error is None
+        return new
+
+
+def _wait(state: dict) -> tuple:
+    w = state["timing"]["waiting"]
+    return (state["phase"], w and w["scope"])
+
+
+def test_a_rank_hung_outside_the_collectives_is_not_read_as_blocked_and_is_found():
+    """Group 1's rank 1 sleeps before its step's all_reduce (seq 179); its recorder still says
+    178 is not completed, but its peers enqueued 179 and 180: it is blocked in nothing, so the
+    hang names it (read as blocked in 178, it was ruled out as the culprit: a job-wide stall)."""
+    dumps = _dumps("hang")
+    t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
+    job, groups = Job(dumps, 2), (0, 1, 2)
+    found = []
+    for i in range(8):
+        found += job.sweep(t0 + 0.5 + i, _status(3, 60, groups, 2, t0 + i))
+        if i == 0:
+            assert _wait(job.states[(1, 1)]) == ("unknown", None)
+            # its peers wait in 179 for it; group rank 0 finished 180, marked 179 on every rank:
+            # nothing tells that from a wait, and nobody is past it
+            assert {k: _wait(s) for k, s in job.states.items() if k != (1, 1)} == \
+                dict.fromkeys([(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)], ("allreduce", "cross"))
+    hangs = [f for f in found if f.kind == "hang"]
+    assert [(f.replica_group, f.ranks) for f in hangs] == [(1, [3])], found
+    assert hangs[0].evidence["waiting_ranks"] == [1, 5]
+    assert not [f for f in found if f.kind == "job_stall"]
+
+
+def test_groups_waiting_for_their_quorum_after_a_crash_are_not_hung():
+    """Group 2 crashed; groups 0, 1 and 3 asked for the next quorum and wait for the Lighthouse
+    to time group 2 out. Groups 0 and 1 mark their last all_reduce (182) completed, group 3 does
+    not: it completed for all of them, so no group reads as blocked and none as "never asked
+    for the quorum" (group 0 was evicted so, and group 1 held only by --min-replicas)."""
+    dumps = _dumps("crash")
+    t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
+    job = Job(dumps, 1)
+    found = []
+    for i in range(10):
+        found += job.sweep(t0 + 0.3 + i, _status(6, 167, (0, 1, 2, 3), 1, t0 + i,
+                                                  silent={2: 0.3 + i}))
+        assert {k: _wait(s) for k, s in job.states.items()} == \
+            dict.fromkeys([(0, 0), (1, 0), (3, 0)], ("unknown", None))
+    assert not [f for f in found if f.kind == "hang"], found
+
+
+def test_a_peer_not_yet_in_the_new_incarnation_clears_nothing():
+    """Group 1's rank 0 reconfigured into a new incarnation (a new pg, 5 s after the old one's
+    last entry) and waits in its seq 1; its peers' newest entries are still of the old one, whose
+    sequence ids (180) say nothing of the new one's: it stays blocked."""
+    dumps = _dumps("hang")
+    d = dumps[(1, 0)]
+    last = max(e["time_created_ns"] for e in d["entries"])
+    d["entries"].append({**d["entries"][-1], "pg_id": 2, "collective_seq_id": 1, "op_id": 1,
+                         "record_id": 999, "time_created_ns": last + 5_000_000_000})
+    d["pg_status"]["2"] = {"last_completed_collective": "0", "last_enqueued_collective": "1",
+                           "last_started_collective": "-1"}
+    job = Job(dumps, 2)
+    job.sweep(last / 1e9 + 7, _status(3, 60, (0, 1, 2), 2, last / 1e9))
+    assert _wait(job.states[(1, 0)]) == ("allreduce", "cross")
+    assert job.states[(1, 0)]["timing"]["waiting"]["seconds"] == 2.0
