@@ -5,14 +5,16 @@ real torch server never gives (a 404 handler list) come from a small HTTP server
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from monitor.api.app import create_app
-from monitor.config import MonitorConfig, ProbeConfig
+from monitor.config import BundleConfig, MonitorConfig, ProbeConfig, RailsConfig
 from monitor.evidence.probes import ProbeMesh
 from monitor.evidence.verification import verify_ranks
 from monitor.evidence.view import ViewBuilder
@@ -20,6 +22,7 @@ from monitor.poll.admission import token_warning
 from monitor.poll.discovery import Target
 from monitor.poll.torch_server import UNWATCHED_AFTER_S, StoreReader, TorchPoller
 from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
 
 NOW = 1_800_000_000.0
 
@@ -130,3 +133,39 @@ def test_the_registration_token_warning_says_whose_registration_it_is():
     line = token_warning(None, "admin")
     assert "Lightkeeper ranks register only with the admin token" in line
     assert "ranks on torch's debug server alone never register" in line
+
+
+def test_a_confirmed_eviction_names_the_ranks_that_no_call_reached(tmp_path, caplog):
+    """A group evicted while one of its ranks (not group rank 0) no longer answers (SIGSTOPped,
+    hung): the Lighthouse's kill ends group rank 0 only and no exit reaches a rank that does not
+    answer (a torch-only rank takes none at all), so the confirmed eviction says that rank was
+    not stopped. Real Lighthouse (``SimJob``), simulated Lightkeeper ranks."""
+    job = SimJob(2, ranks_per_group=2)
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "m.db"), targets=job.sim.urls,
+                                job="sim", lighthouse=job.url, token="adm",
+                                rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                                bundles=BundleConfig(enabled=False)), clock=time.time)
+    try:
+        mon.sweep_once()
+        rank0, rank1 = job.sim.group(1)
+        rank1.set_mode("down")
+        mon.sweep_once()  # it no longer answers; its verdict stands, stale
+        client = create_app(mon).test_client()
+        r = client.post("/v1/evict", json={"replica_group": 1, "reason": "test"},
+                        headers={"Authorization": "Bearer adm"})
+        assert r.get_json()["sent"] is True, r.get_data(as_text=True)
+        deadline = time.monotonic() + 20
+        with caplog.at_level(logging.WARNING):
+            while True:  # until the Lighthouse stops hearing the killed replica
+                mon.sweep_once()
+                (row,) = client.get("/v1/evictions").get_json()
+                if row["status"] != "sent" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+    finally:
+        mon.stop()
+        job.stop()
+    assert row["status"] == "confirmed", row
+    assert "not stopped: rank 3 (group rank 1" in row["detail"] and rank1.url in row["detail"]
+    assert rank0.url not in row["detail"].split("not stopped:")[1]  # it answered: killed
+    assert sum("not stopped: rank 3" in m for m in caplog.messages) == 1

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
-from .actions import NOT_IN_QUORUM
+from .actions import NOT_IN_QUORUM, rank_name
 
 log = logging.getLogger("monitor.act.enforcer")  # the Enforcer's log, as its other lines
 
@@ -87,7 +87,8 @@ class Confirmations:
                 gone = (f"left the quorum (the survivors last said quorum_id {view.quorum_id}, "
                         f"{view.quorum_participants()} participants)")
             self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
-                                       detail=f"{d['detail']}; {gone}{lh}")
+                                       detail=f"{d['detail']}; {gone}{lh}"
+                                       + _dark(rid, groups.get(rid)))
             log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
 
     def _not_gone(self, d: dict[str, Any], still: list) -> None:
@@ -100,6 +101,19 @@ class Confirmations:
         else:
             self.store.update_decision(d["id"], status="unconfirmed", detail=(
                 f"{d['detail']}; {why} after {self.cfg.confirm_timeout_s:g}s"))
+
+
+def _dark(replica_id: str, group: Any) -> str:
+    """The note (logged too) naming the ranks of an evicted group that did not answer before its
+    kill: no call reached them, so "confirmed" says nothing of whether they still run."""
+    dark = [rank_name(r) for r in (group.ranks if group is not None else ()) if not r.reachable]
+    if not dark:
+        return ""
+    note = (f"; not stopped: {', '.join(dark)}: did not answer before the kill, and neither the "
+            "Lighthouse's kill (group rank 0's Manager, if it runs) nor a call of the monitor "
+            "reaches such a rank: if it still runs (stopped, hung), stop it")
+    log.warning("eviction of %s: %s", replica_id, note[2:])
+    return note
 
 
 def _landed(replica_id: str, still: list, lighthouse: LighthouseStatus | None) -> str | None:
