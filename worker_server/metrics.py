@@ -56,9 +56,13 @@ UNPACED = (PAYLOAD_PATH,)
 UNPACED_AGENTS = ((MONITOR_AGENT, "/v1/state"), ("Prometheus/", "/metrics"))
 # not paced within ALLOWANCE, whoever asks: a readiness probe refused would hold a rolling update
 HEALTHZ = "/healthz"
-# those reads per second per address and route, and the burst (a monitor polls once a sweep,
-# 1 s; a scrape interval is seconds; a kubelet's liveness and readiness probes may coincide)
-ALLOWANCE, ALLOWANCE_BURST = 2.0, 3.0
+# those reads per second per address and route (also the burst): a monitor polls once a sweep
+# (1 s; 0.2-0.5 s in tests and the demo), a scrape interval is seconds
+ALLOWANCE = 5.0
+# Every read let through unpaced (those, a named agent's first on another route, a one-off
+# curl) together take at most this share of a core, this much CPU at once: a client may ask
+# from any address of 127/8 (or an IPv6 /64), so no per-address rule bounds their cost alone.
+UNPACED_SHARE, UNPACED_BURST_S = 0.03, 0.05
 # the routes a monitor's look reads of a rank at once (a bundle: its stacks and its dump): a
 # named agent's unpaced read is allowed per address and per one of these (others share one)
 LOOK_ROUTES = ("/v1/stacks", "/v1/fr_trace")
@@ -215,7 +219,7 @@ class WorkerMetrics:
         a monitor's look (stacks and a dump of a rank at once) is neither slowed nor refused."""
         slots = threading.BoundedSemaphore(paced_slots)
         extra = threading.BoundedSemaphore(1)
-        readers, allowance = _Readers(), _Allowance()
+        readers, allowance, budget = _Readers(), _Allowance(), _Budget()
 
         def wsgi(environ, start_response):
             read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
@@ -223,13 +227,17 @@ class WorkerMetrics:
             named = [route for prefix, route in UNPACED_AGENTS if agent.startswith(prefix)]
             keys: tuple = ()  # marked again once answered: a slow answer's next ask loops
             client, now = environ.get("REMOTE_ADDR", ""), time.monotonic()
-            if read and path not in UNPACED and self.pace_s() > 0 and not (
-                    (path in named or path == HEALTHZ) and allowance.take((client, path), now)):
+            pacing = read and path not in UNPACED and self.pace_s() > 0
+            # an exemption below lets it through unpaced only while the budget lasts
+            unpaced = pacing and budget.left(now)
+            if pacing and not (unpaced and (path in named or path == HEALTHZ)
+                              and allowance.take((client, path), ALLOWANCE, now)):
                 key = (client, path if path in LOOK_ROUTES else "") if named else client
                 keys = (key,)
-                if named and readers.first(key, now):
+                if named and readers.first(key, now) and unpaced:
                     pass  # its one read of this route within HOLD_S: answered unpaced
                 elif slots.acquire(blocking=False):
+                    unpaced = False
                     readers.mark(key, now + max(0.0, self.pace_s()))
                     try:
                         self.pace()
@@ -239,12 +247,13 @@ class WorkerMetrics:
                         and extra.acquire(blocking=False):
                     # its second (a bundle just after a sweep's dump): paced on the one thread
                     # beyond the slots, so spoofed agents never hold the monitor's polls' threads
+                    unpaced = False
                     keys = (key, (*key, "paced"))
                     try:
                         self.pace()
                     finally:
                         extra.release()
-                elif readers.looping(key, now):
+                elif readers.looping(key, now) or not unpaced:
                     readers.mark(key, now + HOLD_S)
                     started = time.thread_time()
                     body = _busy(environ, start_response)
@@ -258,7 +267,10 @@ class WorkerMetrics:
             started = time.thread_time()
 
             def done() -> None:
-                self.served(time.thread_time() - started, read)
+                cpu_s = time.thread_time() - started
+                self.served(cpu_s, read)
+                if unpaced:
+                    budget.spend(cpu_s, time.monotonic())
                 for key in keys:  # and once sent (a body made as it is sent)
                     readers.mark(key, time.monotonic())
 
@@ -286,25 +298,50 @@ class WorkerMetrics:
 
 
 class _Allowance:
-    """:data:`ALLOWANCE` reads a second per key, :data:`ALLOWANCE_BURST` at once (a token
-    bucket); keys whose bucket refilled are forgotten past KEEP."""
+    """Token buckets by key: ``rate`` reads a second, as many at once. Keys whose bucket
+    refilled are forgotten past KEEP."""
 
     KEEP = 256
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._left: dict[Any, tuple[float, float]] = {}  # key -> (reads left, at)
+        self._left: dict[Any, tuple[float, float, float]] = {}  # key -> (left, at, rate)
 
-    def take(self, key: Any, now: float) -> bool:
+    def take(self, key: Any, rate: float, now: float) -> bool:
         with self._lock:
-            left, at = self._left.get(key, (ALLOWANCE_BURST, now))
-            left = min(ALLOWANCE_BURST, left + (now - at) * ALLOWANCE)
+            left, at, _ = self._left.get(key, (rate, now, rate))
+            left = min(rate, left + (now - at) * rate)
             taken = left >= 1.0
-            self._left[key] = (left - 1.0 if taken else left, now)
+            self._left[key] = (left - 1.0 if taken else left, now, rate)
             if len(self._left) > self.KEEP:
-                self._left = {k: (n, t) for k, (n, t) in self._left.items()
-                              if n + (now - t) * ALLOWANCE < ALLOWANCE_BURST}
+                self._left = {k: (n, t, r) for k, (n, t, r) in self._left.items()
+                              if n + (now - t) * r < r}
             return taken
+
+
+class _Budget:
+    """The CPU the unpaced reads may still spend: :data:`UNPACED_SHARE` a second, at most
+    :data:`UNPACED_BURST_S` at once; a read is charged once served (the credit may go below
+    zero: none is let through until it is back above)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._credit, self._at = UNPACED_BURST_S, time.monotonic()
+
+    def _refill(self, now: float) -> None:
+        self._credit = min(UNPACED_BURST_S,
+                           self._credit + max(0.0, now - self._at) * UNPACED_SHARE)
+        self._at = max(self._at, now)
+
+    def left(self, now: float) -> bool:
+        with self._lock:
+            self._refill(now)
+            return self._credit > 0
+
+    def spend(self, cpu_s: float, now: float) -> None:
+        with self._lock:
+            self._refill(now)
+            self._credit -= cpu_s
 
 
 class _Readers:
