@@ -25,7 +25,6 @@ from typing import Any
 
 SCHEME = "Lightkeeper-HMAC-SHA256"  # the Authorization header's scheme
 VERSION = "lightkeeper-rank-call-v1"  # the canonical string's first line
-PEER = "peer"  # a call from one rank to any other (never an identity: those hold two "/")
 
 
 def identity(replica_group: int | None, group_rank: int | None, replica_id: str | None) -> str:
@@ -85,11 +84,17 @@ def verify(token: str | None, method: str, path: str, ident: str, body: bytes,
                                want.encode("ascii"))
 
 
-def peer_authorization(token: str, path: str) -> str:
-    """The ``Authorization`` of a rank's ``GET`` of a peer's probe payload ``path`` (with its
-    query), signed for :data:`PEER`: it proves the caller holds the ranks' token, so a reader
-    without it cannot make a rank spend its threads serving bytes (worker_server/probe.py)."""
-    return header(token, "GET", path, PEER, b"")
+def peer_identity(url: str) -> str:
+    """The identity a rank's call to a peer at ``url`` (``http://host:port``, as the peer
+    advertises its ``worker_url``) is signed for: replayed, it reaches that peer only."""
+    return f"peer {url.rstrip('/')}"
+
+
+def peer_authorization(token: str, path: str, url: str) -> str:
+    """The ``Authorization`` of a rank's ``GET`` of the probe payload ``path`` (with its query)
+    of the peer at ``url``: it proves the caller holds the ranks' token, so a reader without it
+    cannot make a rank spend its threads serving bytes (worker_server/probe.py)."""
+    return header(token, "GET", path, peer_identity(url), b"")
 
 
 def authorization(token: str, mode: str, route: str, body: bytes, ident: str) -> str:

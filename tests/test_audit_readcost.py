@@ -166,7 +166,7 @@ def test_a_read_after_an_expensive_one_waits_the_monitors_poll_does_not(state, m
         t0 = time.monotonic()  # a peer's probe times this fetch: it must not wait either
         path = PAYLOAD_PATH + "?bytes=1"
         assert requests.get(server.url + path, timeout=5, headers={
-            "Authorization": auth.peer_authorization(TOKEN, path)}).content == b"\0"
+            "Authorization": auth.peer_authorization(TOKEN, path, server.url)}).content == b"\0"
         probe_s = time.monotonic() - t0
         t0 = time.monotonic()
         assert requests.get(server.url + "/v1/state", timeout=5).status_code == 200

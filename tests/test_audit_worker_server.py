@@ -71,7 +71,7 @@ def test_large_answers_need_no_writable_temp_dir(monkeypatch, tmp_path, caplog):
         assert r.status_code == 200 and len(r.json()["entries"]) == 6000
         path = f"{PAYLOAD_PATH}?bytes={MAX_BYTES}"
         r = requests.get(srv.url + path, timeout=20,
-                         headers={"Authorization": auth.peer_authorization("t", path)})
+                         headers={"Authorization": auth.peer_authorization("t", path, srv.url)})
         assert r.status_code == 200 and len(r.content) == MAX_BYTES
     finally:
         srv.stop()

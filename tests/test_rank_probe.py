@@ -74,7 +74,7 @@ def test_a_down_peer_fails_fast_and_a_silent_one_within_the_timeout(ranks):
 def signed_get(url: str, query: str, token: str = TOKEN) -> requests.Response:
     path = PAYLOAD_PATH + query
     return requests.get(url + path, timeout=10,
-                        headers={"Authorization": auth.peer_authorization(token, path)})
+                        headers={"Authorization": auth.peer_authorization(token, path, url)})
 
 
 def test_payload_is_bounded_zeros(ranks):
@@ -112,8 +112,13 @@ def test_the_payload_is_only_for_a_peer_holding_the_ranks_token(ranks):
     a, b = ranks
     url = a.url + PAYLOAD_PATH + "?bytes=4096"
     for headers in ({}, {"Authorization": f"Bearer {TOKEN}"},
-                    {"Authorization": auth.peer_authorization("other", PAYLOAD_PATH + "?bytes=4096")},
-                    {"Authorization": auth.peer_authorization(TOKEN, PAYLOAD_PATH + "?bytes=1")},
+                    {"Authorization": auth.peer_authorization("other", PAYLOAD_PATH + "?bytes=4096",
+                                                              a.url)},
+                    {"Authorization": auth.peer_authorization(TOKEN, PAYLOAD_PATH + "?bytes=1",
+                                                              a.url)},
+                    # a fetch of rank b seen on the wire, replayed to rank a
+                    {"Authorization": auth.peer_authorization(TOKEN, PAYLOAD_PATH + "?bytes=4096",
+                                                              b.url)},
                     {"Authorization": auth.header(TOKEN, "GET", PAYLOAD_PATH + "?bytes=4096",
                                                   auth.identity(0, 0, None), b"")}):
         r = requests.get(url, headers=headers, timeout=5)

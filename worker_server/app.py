@@ -125,7 +125,7 @@ def create_app(
     goes on) and ``exit_token`` alone to ``POST /v1/probe``; without them a route answers 403.
     ``exit_auth`` (``LIGHTKEEPER_EXIT_AUTH``, :data:`EXIT_AUTH`): ``hmac`` refuses the
     deprecated bearer token. ``GET /v1/probe/payload`` is served to a peer's fetch signed
-    with ``exit_token`` (rank_wire.auth.PEER)."""
+    with ``exit_token`` for this rank's address (rank_wire.auth.peer_identity)."""
     if exit_auth not in EXIT_AUTH:
         raise ValueError(f"exit_auth {exit_auth!r}: one of {', '.join(EXIT_AUTH)}")
     app = Flask("lightkeeper.worker_server")
@@ -261,8 +261,12 @@ def create_app(
         if not exit_token:
             return jsonify(error="probing is disabled on this rank (start it with "
                                  "LIGHTKEEPER_EXIT_TOKEN set)", status=403), 403
-        if not rank_auth.verify(exit_token, "GET", _signed_path(), rank_auth.PEER, b"",
-                                rank_auth.signature_of(request.headers.get("Authorization"))):
+        signature = rank_auth.signature_of(request.headers.get("Authorization"))
+        # signed for this rank's address (a peer dials the worker_url it advertises; its own
+        # control probe, its control_url): a fetch seen on the wire reaches no other rank
+        if not any(rank_auth.verify(exit_token, "GET", _signed_path(),
+                                    rank_auth.peer_identity(url), b"", signature)
+                   for url in {state.worker_url, state.control_url} if url):
             return jsonify(error="the payload is served only to a peer's fetch signed with the "
                                  "ranks' token (POST /v1/probe asks for it)", status=401), 401
         n = int_param(request.args, "bytes", 0, MAX_BYTES)

@@ -129,7 +129,7 @@ def probe_peer(url: str, nbytes: int, timeout_s: float, token: str) -> dict[str,
             sock.settimeout(max(deadline - began, 0.001))
             path = f"{PAYLOAD_PATH}?bytes={nbytes}"
             conn.request("GET", path, headers={
-                "Connection": "close", "Authorization": auth.peer_authorization(token, path)})
+                "Connection": "close", "Authorization": auth.peer_authorization(token, path, url)})
             resp = conn.getresponse()
             if resp.status != 200:
                 out["error"] = f"transfer: HTTP {resp.status} from {PAYLOAD_PATH}"
