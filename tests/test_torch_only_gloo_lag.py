@@ -129,3 +129,29 @@ def test_a_peer_not_yet_in_the_new_incarnation_clears_nothing():
     job.sweep(last / 1e9 + 7, _status(3, 60, (0, 1, 2), 2, last / 1e9))
     assert _wait(job.states[(1, 0)]) == ("allreduce", "cross")
     assert job.states[(1, 0)]["timing"]["waiting"]["seconds"] == 2.0
+
+
+def test_the_hang_threshold_of_torch_only_ranks_follows_their_steps_on_the_lighthouse():
+    """Torch-only ranks serve no step times, so their hang threshold was --hang-floor alone:
+    a group late by 3 s in a job of multi-second steps (a GC pause, an eval inside the step)
+    was evicted as hung where Lightkeeper's ranks are judged against --hang-factor steps. Their
+    step time is read from the Lighthouse's step counter over the sweeps: the same late group
+    (the dumps of a rank outside the collectives while its peers wait) is not hung 4.5 s in
+    when the steps took 2 s, and is when they took 0.4 s."""
+    dumps = _dumps("hang")
+    t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
+
+    def late(step_s: float) -> list:
+        job, groups = Job(dumps, 2), (0, 1, 2)
+        job.detectors = Detectors(DetectorConfig())  # --hang-floor 3 s, --hang-factor 3
+        # the sweeps before: every group stepping, one step each step_s on the Lighthouse
+        for i in range(8):
+            job.torch.adapt({}, job.who, _status(3, 52 + i, groups, 2, t0), t0 - (8 - i) * step_s)
+        found = []
+        for i in range(9):
+            found += job.sweep(t0 + 0.5 + 0.5 * i, _status(3, 60, groups, 2, t0 + 0.5 * i))
+        assert {s["torch_only"]["step_s"] for s in job.states.values()} == {step_s}
+        return [(f.kind, f.replica_group) for f in found if f.kind == "hang"]
+
+    assert late(2.0) == []
+    assert late(0.4) == [("hang", 1)]

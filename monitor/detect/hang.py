@@ -16,7 +16,15 @@ from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
 
 from .findings import Finding, Findings
-from .rank_state import SaveClock, SeenGroups, collective_wait, current_wait, phases, rank_groups
+from .rank_state import (
+    SaveClock,
+    SeenGroups,
+    collective_wait,
+    current_wait,
+    phases,
+    rank_groups,
+    torch_step_seconds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +118,8 @@ class Hang:
         self._first_held: dict[int, tuple] = {}
 
     def threshold(self, view: ClusterView) -> float:
-        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
+        step = view.median_step_seconds() or torch_step_seconds(view) or 0
+        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * step)
 
     def group_threshold(self, view: ClusterView, gv: GroupView) -> float:
         """The hang threshold for naming ``gv``: at least --starting-timeout while none of its

@@ -4,6 +4,7 @@ a rank is and its group, which groups changed since a consumer last looked, held
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
@@ -13,6 +14,14 @@ from monitor.poll.torch_target import is_torch
 # the phases a loop says it works outside the collectives on purpose (worker_server.checkpoint):
 # a group in one is not hung while the others wait for it, up to --checkpoint-timeout
 HELD_PHASES = ("checkpoint", "busy")
+
+
+def torch_step_seconds(view: ClusterView) -> float | None:
+    """The median step time of the view's torch-only ranks, read from the Lighthouse's step
+    counter (they serve no step times of their own), or None."""
+    vals = [s for r in view.polled_ranks if r.reachable and r.fresh and r.state
+            and isinstance(s := (r.state.get("torch_only") or {}).get("step_s"), float)]
+    return statistics.median(vals) if vals else None
 
 
 def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -37,6 +39,7 @@ CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocke
 # Flight Recorder entries a look reads of each rank: 4x the 64 that give the same verdicts as
 # whole dumps (tests/test_monitor_fr_filter.py)
 FR_LAST = 256
+STEP_PACES = 16
 
 
 def _int(v: Any) -> int | None:
@@ -160,7 +163,8 @@ def peers_past(groups: Mapping[str, tuple[TorchIdentity, int | None, Mapping[int
 
 def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
                 lighthouse: LighthouseStatus | None, now: float, job: str,
-                past: Mapping[int, tuple[int, int]] | None = None) -> dict[str, Any]:
+                past: Mapping[int, tuple[int, int]] | None = None,
+                step_s: float | None = None) -> dict[str, Any]:
     """The ``/v1/state`` document of a torch-only rank's answer (``past``: as
     :func:`blocked_in`'s)."""
     member = lighthouse.members.get(who.replica_id) if lighthouse is not None else None
@@ -191,7 +195,8 @@ def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
                        "flight_recorder": "; ".join(filter(None, (
                            f"{len(dump.get('entries') or [])} entries" if dump else None,
                            raw.error))) or "none",
-                       "cannot_show": list(CANNOT_SHOW)},
+                       "cannot_show": list(CANNOT_SHOW),
+                       "step_s": None if step_s is None else round(step_s, 4)},
         "stacks_url": f"{base_url(url)}/handler/{STACKS_HANDLER}"
         if STACKS_HANDLER in handlers else None,
     }
@@ -241,6 +246,28 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
     return out
 
 
+class StepPace:
+    """A group's step time where its ranks serve none: the Lighthouse's step counter of its
+    Manager, over the sweeps that saw it move (the time between the first sweeps that saw two
+    steps, over the steps between them; the median of the newest STEP_PACES). Without it a
+    torch-only job's hang threshold was --hang-floor alone: a group 3 s late in a job of 10-s
+    steps was evicted as hung."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.at = 0.0
+        self.times: deque[float] = deque(maxlen=STEP_PACES)
+
+    def see(self, step: int, now: float) -> None:
+        if self.step is not None and step > self.step and now > self.at:
+            self.times.append((now - self.at) / (step - self.step))
+        if self.step is None or step != self.step:  # moved, or its Manager went back (a heal)
+            self.step, self.at = step, now
+
+    def seconds(self) -> float | None:
+        return statistics.median(self.times) if self.times else None
+
+
 class TorchRanks:
     """Each sweep's torch-only answers made rank states (:meth:`adapt`), and their dumps;
     ``stores`` (--torch-stores) finds them in their groups' TCPStores."""
@@ -251,6 +278,7 @@ class TorchRanks:
         # the last status read: while the Lighthouse is unreadable, "no quorum" would make
         # stuck_starting find every group and the job-wide detectors lose them
         self._known: LighthouseStatus | None = None
+        self._paces: dict[str, StepPace] = {}  # replica id -> its step time, as sweeps see it
 
     def sweep(self, polls: dict[str, RankPoll], lighthouse: LighthouseStatus | None,
               now: float) -> dict[str, tuple[int, int]] | None:
@@ -273,6 +301,10 @@ class TorchRanks:
         dumps: dict[str, dict[str, Any]] = {}
         if lighthouse is not None:
             self._known = lighthouse
+            self._paces = {rid: self._paces.get(rid) or StepPace()
+                           for rid in lighthouse.members}
+            for rid, m in lighthouse.members.items():
+                self._paces[rid].see(m.step, now)
         known, read = self._known, {}
         for url, p in list(polls.items()):
             raw = p.data.get(RAW_KEY) if p.ok and is_torch(url) else None
@@ -298,7 +330,9 @@ class TorchRanks:
         for url, (who, raw, _, _) in read.items():
             p = polls[url]
             try:
-                state = torch_state(url, who, raw, known, now, self.job, past.get(url))
+                pace = self._paces.get(who.replica_id)
+                state = torch_state(url, who, raw, known, now, self.job, past.get(url),
+                                    pace.seconds() if pace is not None else None)
                 if raw.dump is not None:  # incarnations only of a quorum read now
                     dumps[url] = adapted_dump(raw.dump, state, lighthouse, p.at)
             except Exception as e:
