@@ -200,6 +200,10 @@ def test_auto_eviction_rails_and_audit_across_restart(tmp_path):
         assert lighthouse.kills == [lighthouse.replica_ids[4]]
         findings = get(mon, "/v1/findings").json()
         assert {(f["kind"], f["replica_group"]) for f in findings} >= {("dead", 3), ("dead", 4)}
+        # the kill confirmed (or not) before the restart: a record still changing is no check
+        wait_until(lambda: all(d["status"] in (None, "confirmed", "unconfirmed", "failed")
+                               for d in get(mon, "/v1/evictions").json()), 15,
+                   what="the eviction's confirmation")
         before = get(mon, "/v1/evictions").json()
     finally:
         mon.stop()
