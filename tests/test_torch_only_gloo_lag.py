@@ -155,3 +155,39 @@ def test_the_hang_threshold_of_torch_only_ranks_follows_their_steps_on_the_light
 
     assert late(2.0) == []
     assert late(0.4) == [("hang", 1)]
+
+
+def _hang_found(dumps: dict) -> tuple:
+    t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
+    job, found = Job(dumps, 2), []
+    for i in range(8):
+        found += job.sweep(t0 + 0.5 + 0.5 * i, _status(3, 60, (0, 1, 2), 2, t0 + 0.5 * i))
+    return _wait(job.states[(1, 1)]), [(f.kind, f.replica_group, f.ranks) for f in found
+                                       if f.kind == "hang"]
+
+
+def test_a_rank_hung_in_the_second_step_of_an_incarnation_is_found():
+    """An incarnation's rank that hung in its second step enqueued its first step's collectives
+    before a peer's first: judged against the newest first entry of all members, it was taken
+    for an older incarnation and read alone (blocked, by gloo's lag): no hang. A rank is judged
+    by the members with an entry since its own first. The real dumps, cut to seq 177 on and
+    renumbered from 1, as if the group had been rebuilt at that step."""
+    dumps = _dumps("hang")
+    for d in dumps.values():
+        d["entries"] = [dict(e, collective_seq_id=e["collective_seq_id"] - 176)
+                        for e in d["entries"] if e["collective_seq_id"] >= 177]
+        pg = str(d["entries"][0]["pg_id"])
+        d["pg_status"][pg] = {k: str(int(v) - 176) if k != "last_started_collective" else v
+                              for k, v in d["pg_status"][pg].items()}
+    assert _hang_found(dumps) == (("unknown", None), [("hang", 1, [3])])
+
+
+def test_peers_whose_recorder_wrapped_still_clear_the_hung_rank():
+    """The waiting peers' recorders keep only their newest entries (a ring that wrapped:
+    TORCH_FR_BUFFER_SIZE counts every group's entries): their oldest was newer than the hung
+    rank's newest, and it was read alone again."""
+    for keep in (3, 2):
+        dumps = _dumps("hang")
+        for k in ((0, 1), (2, 1)):
+            dumps[k]["entries"] = dumps[k]["entries"][-keep:]
+        assert _hang_found(dumps) == (("unknown", None), [("hang", 1, [3])]), keep

@@ -7,6 +7,7 @@ here raises because of what a rank answered.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import statistics
@@ -134,10 +135,10 @@ def peers_past(groups: Mapping[str, tuple[TorchIdentity, int | None, Mapping[int
     (``groups``: URL -> (whose, the Lighthouse quorum it takes part in or None, :func:`_groups`
     of its dump)). Members of one group: torchft's newest incarnation of the same group rank
     and name, of ranks in the same quorum (gloo's are all named ''), or an in-group one of the
-    same name in the same replica group. A member whose entries all predate the newest first
-    entry of the others' is of an older incarnation (it has not enqueued in its new one yet):
-    its sequence ids say nothing of theirs; hosts' clocks are taken to agree within the time a
-    quorum and its reconfiguration take."""
+    same name in the same replica group. A rank is judged by the members with an entry since
+    its own first: one whose entries all predate it is of an older incarnation (it has not
+    enqueued in its new one yet), whose sequence ids say nothing of this one's; hosts' clocks
+    are taken to agree within the time a quorum and its reconfiguration take."""
     members: dict[tuple, list[tuple[str, int, _Pg]]] = {}
     for url, (who, quorum, pgs) in groups.items():
         for pg_id, pg in pgs.items():
@@ -149,11 +150,17 @@ def peers_past(groups: Mapping[str, tuple[TorchIdentity, int | None, Mapping[int
                     (url, pg_id, pg))
     out: dict[str, dict[int, tuple[int, int]]] = {}
     for group in members.values():
-        newest = max(pg.first_ns for _, _, pg in group)
-        group = [m for m in group if m[2].last_ns >= newest]
-        done = sorted(((pg.done, url) for url, _, pg in group), reverse=True)[:2]
-        enq = sorted(((pg.enqueued, url) for url, _, pg in group), reverse=True)[:2]
-        for url, pg_id, _ in group:
+        group.sort(key=lambda m: m[2].last_ns)
+        lasts = [pg.last_ns for _, _, pg in group]
+        # the two highest (completed, enqueued) of each suffix of the members by newest entry
+        tops: list[tuple[list, list]] = [([], [])] * (len(group) + 1)
+        for i in range(len(group) - 1, -1, -1):
+            url, _, pg = group[i]
+            done, enq = tops[i + 1]
+            tops[i] = (sorted([*done, (pg.done, url)], reverse=True)[:2],
+                       sorted([*enq, (pg.enqueued, url)], reverse=True)[:2])
+        for url, pg_id, pg in group:
+            done, enq = tops[bisect.bisect_left(lasts, pg.first_ns)]
             others = (next((v for v, u in done if u != url), None),
                       next((v for v, u in enq if u != url), None))
             if None not in others:
