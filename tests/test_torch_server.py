@@ -148,7 +148,7 @@ def test_garbage_dumps_give_a_state_without_waits(dump):
     adapted_dump(dump, s, status(), NOW)  # no exception
 
 
-def _torch_only_view(groups=(0, 1, 2), torch_only=True):
+def _torch_only_view(groups=(0, 1, 2), torch_only=True, step_s=None):
     """The view of single-rank groups on torch's debug server only, verified against a
     Lighthouse that lists them in quorum 1."""
     from monitor.evidence.verification import Verifier
@@ -162,7 +162,7 @@ def _torch_only_view(groups=(0, 1, 2), torch_only=True):
     for g in groups:
         url = f"torch+http://h:{100 + g}"
         state = torch_state(url, TorchIdentity(rid[g], g, 0, 1, f"s{g}:1"), TorchAnswer(()), lh,
-                            NOW, "j")
+                            NOW, "j", step_s=step_s)
         if not torch_only:
             del state["torch_only"]
         polls[url] = RankPoll(url, True, state, at=NOW)
@@ -170,6 +170,24 @@ def _torch_only_view(groups=(0, 1, 2), torch_only=True):
     verifier = Verifier()
     return ViewBuilder().update(targets, polls, now=NOW, judge=lambda ranks, changed: (
         verifier.judge(ranks, changed, lh, None, True, NOW)))
+
+
+def test_a_torch_only_straggler_lags_by_the_share_of_a_step_lightkeepers_ranks_must():
+    """--straggler-rel-lag (25%) of the step the Lighthouse's step counter shows: a group 40 ms
+    late is no straggler in a job of 0.35-s steps (one 11 ms late on a busy host was evicted),
+    and is one in a job of 0.1-s steps."""
+    from monitor.detect import Detectors
+    from tests.support.frgen import FRJob
+
+    job = FRJob(3, flavour="gloo", hosts={r: "h0" for r in range(3)}, replica_group_size=1,
+                jitter_ms=1.0, compute_ms=20.0, seed=3)
+    job.quorum(1, [0, 1, 2])
+    for _ in range(60):
+        job.ft_collective("all_reduce", [[4096]], delay_ms={2: 40.0})
+    for step_s, found in ((0.35, []), (0.1, [(2, [2])])):
+        view = _torch_only_view(step_s=step_s)
+        new = Detectors().update(view.evidence(), job.dumps(), NOW, full_view=view)
+        assert [(f.replica_group, f.ranks) for f in new if f.kind == "straggler"] == found
 
 
 def test_straggler_of_torch_only_groups_from_their_dumps():

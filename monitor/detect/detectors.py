@@ -211,7 +211,8 @@ class Detectors:
             ("dead", lambda: self.liveness.dead(view, now, evicted, full, cut_off, lighthouse)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now, evicted)),
             ("straggler", lambda: self.straggler.judge(view, now, cut_off)),
-            ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),
+            ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings,
+                                                                 self.cfg)),
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),
             ("stuck_starting", lambda: self.liveness.stuck_starting(

@@ -19,7 +19,7 @@ from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankV
 from rank_wire import QUORUM_KEY, TIMING_KEYS, TIMING_ROWS
 
 from .findings import Finding, Findings
-from .rank_state import phases
+from .rank_state import phases, torch_step_seconds
 from .step_memory import StepMemory
 
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
@@ -454,16 +454,21 @@ def _torch_only(gv: GroupView) -> bool:
 
 
 def from_flight_recorder(view: ClusterView, analysis: list[dict] | None, now: float,
-                         findings: Findings) -> list[Finding]:
-    """Stragglers among ranks on torch's debug server only (no step timing): the Flight Recorder
-    engine's (monitor/analysis/stragglers.py), at each look; one it no longer names is
-    resolved ``caught_up``."""
+                         findings: Findings, cfg: DetectorConfig) -> list[Finding]:
+    """Stragglers among ranks on torch's debug server only (no step timing of their own): the
+    Flight Recorder engine's (monitor/analysis/stragglers.py), at each look, whose peers' median
+    wait is at least --straggler-rel-lag of the step, as Lightkeeper's ranks' lag must be (the
+    step the Lighthouse's step counter shows; none known yet: the engine's own floors); one it no
+    longer names so is resolved ``caught_up``. Without it a group 11 ms late on a 0.35-s step,
+    on a busy host, was evicted."""
     if analysis is None:
         return []
+    floor = cfg.straggler_rel_lag * (torch_step_seconds(view) or 0.0)
     in_quorum = {gv.replica_group: gv for gv in view.in_quorum()}
     named: dict[int, tuple[list[int], dict]] = {}
     for s in analysis:
-        if s["kind"] != "straggler":
+        wait = s.get("raw", {}).get("median_wait_ms") if s["kind"] == "straggler" else None
+        if not isinstance(wait, (int, float)) or wait / 1000 < floor:
             continue
         for rank in s["culprits"]:
             rv = view.rank_view(rank)
