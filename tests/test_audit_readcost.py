@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from lightkeeper.processes import wait_until
 from rank_wire import MONITOR_AGENT, auth
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server import metrics as worker_metrics
@@ -150,6 +151,51 @@ def test_a_client_asking_from_many_addresses_is_paced_all_the_same(state, agent,
         bound = share * took + worker_metrics.UNPACED_BURST_S + 0.02
         assert spent <= bound, (spent, took, len(statuses))
     finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("method, path, headers", [
+    ("POST", "/v1/probe", {"Authorization": "Lightkeeper-HMAC-SHA256 deadbeef",
+                           "Content-Type": "application/json"}),
+    ("GET", "/v1/probe/payload?bytes=4194304", {"Authorization": "Lightkeeper-HMAC-SHA256 00"}),
+    ("OPTIONS", "/v1/state", {}),
+    ("POST", "/metrics", {})])
+def test_clients_looping_on_refused_requests_are_paced(state, method, path, headers):
+    """Only reads were paced: four clients looping on a refused request (a bad signature's
+    401, a 405, an OPTIONS) took a rank's loop to ~2x its step time, as the reads that got a
+    healthy group evicted did. Every request is paced now but a peer's signed probe fetch."""
+    server = WorkerServer(state, exit_token=TOKEN).serve()
+    u = urlsplit(server.url)
+    stop = threading.Event()
+
+    def loop() -> None:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+        while not stop.is_set():
+            conn.request(method, path, body=b"{}" if method == "POST" else None,
+                         headers=headers)
+            r = conn.getresponse()
+            r.read()
+            if r.getheader("Connection", "").lower() == "close":
+                conn.close()
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+        conn.close()
+
+    try:
+        before = served_cpu(requests.get(server.url + "/metrics", timeout=5).text)
+        started = time.monotonic()
+        threads = [threading.Thread(target=loop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: time.monotonic() - started >= 4 * HAMMER_S, 10, what="the loops")
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        took = time.monotonic() - started
+        spent = served_cpu(requests.get(server.url + "/metrics", timeout=5).text) - before
+        share = worker_metrics.READ_SHARE + worker_metrics.UNPACED_SHARE
+        assert spent <= share * took + worker_metrics.UNPACED_BURST_S + 0.02, (spent, took)
+    finally:
+        stop.set()
         server.stop()
 
 

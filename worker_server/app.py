@@ -98,6 +98,18 @@ def monitor_call_refusal(state: RankState, token: str, exit_auth: str = "any") -
     return None if signed else UNAUTHORIZED
 
 
+def payload_signed(path: str, authorization: str | None, state: RankState,
+                   token: str | None) -> bool:
+    """Whether a ``GET`` of the probe payload ``path`` (with its query) is a peer's fetch signed
+    with the ranks' ``token`` for this rank's address (a peer dials the worker_url it
+    advertises; its own control probe, its control_url): a fetch seen on the wire reaches no
+    other rank."""
+    signature = rank_auth.signature_of(authorization)
+    return bool(token) and signature is not None and any(
+        rank_auth.verify(token, "GET", path, rank_auth.peer_identity(url), b"", signature)
+        for url in {state.worker_url, state.control_url} if url)
+
+
 def _signed_path() -> str:
     """The request's route with its query as the caller signed it: werkzeug's request.path
     leaves out SCRIPT_NAME, the prefix a proxy in front of the rank strips (docs/CONTRACTS.md,
@@ -261,12 +273,8 @@ def create_app(
         if not exit_token:
             return jsonify(error="probing is disabled on this rank (start it with "
                                  "LIGHTKEEPER_EXIT_TOKEN set)", status=403), 403
-        signature = rank_auth.signature_of(request.headers.get("Authorization"))
-        # signed for this rank's address (a peer dials the worker_url it advertises; its own
-        # control probe, its control_url): a fetch seen on the wire reaches no other rank
-        if not any(rank_auth.verify(exit_token, "GET", _signed_path(),
-                                    rank_auth.peer_identity(url), b"", signature)
-                   for url in {state.worker_url, state.control_url} if url):
+        if not payload_signed(_signed_path(), request.headers.get("Authorization"), state,
+                              exit_token):
             return jsonify(error="the payload is served only to a peer's fetch signed with the "
                                  "ranks' token (POST /v1/probe asks for it)", status=401), 401
         n = int_param(request.args, "bytes", 0, MAX_BYTES)

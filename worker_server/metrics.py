@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -46,8 +47,8 @@ MAX_PACE_S = 0.25
 # 429, made at once and sent HOLD_S later (holding no thread), so a client looping on refusals
 # costs one answer per HOLD_S.
 PACED_SLOTS = 2
-# never paced nor refused: a peer's probe payload (its time is the network's measure; only a
-# peer holding the ranks' token gets it)
+# never paced nor refused when the server's ``trusted`` says its request is signed: a peer's
+# probe payload (its time is the network's measure; only a peer holding the ranks' token gets it)
 UNPACED = (PAYLOAD_PATH,)
 # (User-Agent prefix, path) not paced within ALLOWANCE: the monitor's polls, and Prometheus'
 # scrapes (it ignores Retry-After: a refused scrape reads as up=0, a rank down). Any client may
@@ -68,6 +69,8 @@ UNPACED_SHARE, UNPACED_BURST_S = 0.03, 0.05
 LOOK_ROUTES = ("/v1/stacks", "/v1/fr_trace")
 RETRY_AFTER_S = 1
 HOLD_S = 1.0
+# a POST answered so waits its pace on its thread (not a 429: a probe busy answers the monitor)
+REFUSED = ("400", "401", "403", "404", "405", "413")
 
 
 def _label_values(state: RankState) -> list[str]:
@@ -195,17 +198,17 @@ class WorkerMetrics:
         if wait > 0:
             time.sleep(wait)
 
-    def served(self, cpu_s: float, read: bool = True) -> None:
-        """A request was answered with ``cpu_s`` of its thread's CPU; a read charges the pace."""
+    def served(self, cpu_s: float) -> None:
+        """A request was answered with ``cpu_s`` of its thread's CPU: counted, and charged to
+        the pace."""
         self.server_cpu_seconds.inc(cpu_s)
         self.server_requests.inc()
-        if read:
-            with self._pace_lock:
-                now = time.monotonic()
-                self._free_at = min(max(self._free_at, now) + cpu_s / READ_SHARE,
-                                    now + MAX_PACE_S)
+        with self._pace_lock:
+            now = time.monotonic()
+            self._free_at = min(max(self._free_at, now) + cpu_s / READ_SHARE, now + MAX_PACE_S)
 
-    def count_cpu(self, app, paced_slots: int = PACED_SLOTS):
+    def count_cpu(self, app, paced_slots: int = PACED_SLOTS,
+                  trusted: Callable[[dict], bool] | None = None):
         """Wrap a WSGI app so each request's CPU time (its thread's) is counted and reads (GET)
         are paced (:meth:`pace`), ``paced_slots`` of them waiting at once. Another that would
         wait is answered at once, unpaced, when its client (address) had no read answered
@@ -222,12 +225,13 @@ class WorkerMetrics:
         readers, allowance, budget = _Readers(), _Allowance(), _Budget()
 
         def wsgi(environ, start_response):
-            read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
+            read = environ.get("REQUEST_METHOD") in ("GET", "HEAD", "OPTIONS")
             path, agent = environ.get("PATH_INFO"), environ.get("HTTP_USER_AGENT", "")
             named = [route for prefix, route in UNPACED_AGENTS if agent.startswith(prefix)]
             keys: tuple = ()  # marked again once answered: a slow answer's next ask loops
             client, now = environ.get("REMOTE_ADDR", ""), time.monotonic()
-            pacing = read and path not in UNPACED and self.pace_s() > 0
+            pacing = read and self.pace_s() > 0 \
+                and not (path in UNPACED and trusted is not None and trusted(environ))
             # an exemption below lets it through unpaced only while the budget lasts
             unpaced = pacing and budget.left(now)
             if pacing and not (unpaced and (path in named or path == HEALTHZ)
@@ -258,7 +262,7 @@ class WorkerMetrics:
                     started = time.thread_time()
                     body = _busy(environ, start_response)
                     # charged as a read: a client looping on refusals slows the paced readers
-                    self.served(time.thread_time() - started, read)
+                    self.served(time.thread_time() - started)
                     return body
                 else:
                     # a one-off read (an operator's curl) is not refused behind looping readers:
@@ -268,17 +272,30 @@ class WorkerMetrics:
 
             def done() -> None:
                 cpu_s = time.thread_time() - started
-                self.served(cpu_s, read)
+                self.served(cpu_s)
                 if unpaced:
                     budget.spend(cpu_s, time.monotonic())
                 for key in keys:  # and once sent (a body made as it is sent)
                     readers.mark(key, time.monotonic())
 
+            status: list[str] = []
+
+            def answer(code, headers, exc_info=None):
+                status.append(code)
+                return start_response(code, headers, exc_info)
+
             try:
-                body = app(environ, start_response)
+                body = app(environ, answer)
             except BaseException:
                 done()
                 raise
+            if not read and status and status[-1][:3] in REFUSED:
+                # a refused POST (a bad signature's 401, a 405) costs the rank its routing, its
+                # error and any signature checked: looped on, it slowed a loop 2x. It waits its
+                # pace on this thread (a monitor's own calls are answered at once)
+                self.served(time.thread_time() - started)
+                started = time.thread_time()
+                self.pace()
             for key in keys:  # made: marked before a byte is sent, so before the next ask
                 readers.mark(key, time.monotonic())
             # counted once the body was sent: a streamed one (a probe payload) is made as

@@ -41,7 +41,7 @@ from http_serving import (
 )
 
 from .abort import GlooConnections, NothingToAbort, abort_cross_group, watch_manager
-from .app import EXIT_AUTH, create_app
+from .app import EXIT_AUTH, create_app, payload_signed
 from .autostart import say, worker_port
 from .flight_recorder import IncarnationTracker, fr_dump
 from .instrument import instrument_manager
@@ -249,9 +249,14 @@ class WorkerServer:
         if self._http is None:
             # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does
             # not block /healthz or /v1/stacks.
-            self._http = BackgroundWSGIServer(self.metrics.count_cpu(self.app), host=host,
-                                              port=port, threads=threads,
-                                              name="lightkeeper-worker-http")
+            def trusted(environ: dict) -> bool:  # a peer's signed probe fetch: never paced
+                query = environ.get("QUERY_STRING", "")
+                return payload_signed(environ.get("PATH_INFO", "") + (f"?{query}" if query else ""),
+                                      environ.get("HTTP_AUTHORIZATION"), state, exit_token)
+
+            self._http = BackgroundWSGIServer(
+                self.metrics.count_cpu(self.app, trusted=trusted), host=host, port=port,
+                threads=threads, name="lightkeeper-worker-http")
         self.host, self.port, self.url = host, self._http.port, self._http.url
         state.worker_url = self.url
         # a wildcard bind is reached by itself on loopback: its advertised name may resolve
