@@ -15,7 +15,7 @@ from pathlib import Path
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.evidence.torch_rank import TorchRanks
+from monitor.evidence.torch_rank import StepPace, TorchRanks
 from monitor.evidence.verification import Verifier
 from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
@@ -155,6 +155,24 @@ def test_the_hang_threshold_of_torch_only_ranks_follows_their_steps_on_the_light
 
     assert late(2.0) == []
     assert late(0.4) == [("hang", 1)]
+
+
+def test_a_first_move_of_the_lighthouses_step_is_no_step_time():
+    """A restarted group's step jumps from 0 to the others' at its heal, and a monitor started
+    mid-step first sees a part of one: read as steps, they made a 5-s step's threshold ~0.1 s
+    (the floor) or half. The time is taken between the first sweeps that saw two moves."""
+    pace = StepPace()
+    for now, step in ((0.0, 0), (1.0, 0), (1.5, 40), (6.5, 41), (11.5, 42)):  # a heal, 5-s steps
+        pace.see(step, now)
+    assert pace.seconds() == 5.0
+    pace = StepPace()
+    for now, step in ((0.0, 7), (0.5, 8), (5.5, 9)):  # first seen 4.5 s into step 7
+        pace.see(step, now)
+    assert pace.seconds() == 5.0
+    pace = StepPace()
+    for now, step in ((0.0, 7), (0.5, 8)):
+        pace.see(step, now)
+    assert pace.seconds() is None  # none before its second move
 
 
 def _hang_found(dumps: dict) -> tuple:

@@ -100,6 +100,12 @@ def left_hung(view: ClusterView, f: Finding, now: float) -> bool:
         for r in blocked)
 
 
+def step_seconds(view: ClusterView) -> float | None:
+    """The median step the hang threshold is a multiple of: the ranks' own, else (torch-only
+    ranks serve none) the Lighthouse's step time of their groups."""
+    return view.median_step_seconds() or torch_step_seconds(view)
+
+
 class Hang:
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
@@ -118,8 +124,7 @@ class Hang:
         self._first_held: dict[int, tuple] = {}
 
     def threshold(self, view: ClusterView) -> float:
-        step = view.median_step_seconds() or torch_step_seconds(view) or 0
-        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * step)
+        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (step_seconds(view) or 0))
 
     def group_threshold(self, view: ClusterView, gv: GroupView) -> float:
         """The hang threshold for naming ``gv``: at least --starting-timeout while none of its
@@ -303,7 +308,7 @@ class Hang:
                              f"{threshold:.1f}s{_over(held)})", **held,
                   "level": level, "stalled_s": round(longest, 3),
                   "threshold_s": round(threshold, 3),
-                  "median_step_s": view.median_step_seconds(),
+                  "median_step_s": step_seconds(view),
                   "pending": {k: pending.get(k)
                               for k in ("pg", "replica_group", "quorum_id", "seq", "op")},
                   "quorum_id": newest_q, "step": gv.step,
@@ -357,7 +362,7 @@ class Hang:
                              f"group(s) {sorted(waited)} have waited for, across groups, for "
                              f"{longest:.1f}s (threshold {threshold:.1f}s{_over(held)})", **held,
                   "level": "quorum", "stalled_s": round(longest, 3),
-                  "threshold_s": round(threshold, 3), "median_step_s": view.median_step_seconds(),
+                  "threshold_s": round(threshold, 3), "median_step_s": step_seconds(view),
                   "quorum_id": view.quorum_id, "step": gv.step, "never_arrived": ranks,
                   "waiting_ranks": waiting,
                   "phases": phases(view, ranks + waiting)}

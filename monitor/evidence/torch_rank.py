@@ -256,20 +256,24 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
 class StepPace:
     """A group's step time where its ranks serve none: the Lighthouse's step counter of its
     Manager, over the sweeps that saw it move (the time between the first sweeps that saw two
-    steps, over the steps between them; the median of the newest STEP_PACES). Without it a
+    moves, over the steps between them; the median of the newest STEP_PACES). Without it a
     torch-only job's hang threshold was --hang-floor alone: a group 3 s late in a job of 10-s
     steps was evicted as hung."""
 
     def __init__(self) -> None:
         self.step: int | None = None
-        self.at = 0.0
+        self.at: float | None = None  # when a sweep first saw the step move to self.step
         self.times: deque[float] = deque(maxlen=STEP_PACES)
 
     def see(self, step: int, now: float) -> None:
-        if self.step is not None and step > self.step and now > self.at:
+        if self.step is None or step == self.step:
+            self.step = step  # first seen mid-step (a monitor started), or not moved
+            return
+        # a first move is no step: from a sweep mid-step, or a restarted group's heal (its
+        # step jumps from 0 to the others')
+        if self.at is not None and step > self.step and now > self.at:
             self.times.append((now - self.at) / (step - self.step))
-        if self.step is None or step != self.step:  # moved, or its Manager went back (a heal)
-            self.step, self.at = step, now
+        self.step, self.at = step, now  # moved, or its Manager went back (a heal)
 
     def seconds(self) -> float | None:
         return statistics.median(self.times) if self.times else None
