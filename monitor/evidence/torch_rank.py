@@ -137,8 +137,9 @@ def peers_past(groups: Mapping[str, tuple[TorchIdentity, int | None, Mapping[int
     and name, of ranks in the same quorum (gloo's are all named ''), or an in-group one of the
     same name in the same replica group. A rank is judged by the members with an entry since
     its own first: one whose entries all predate it is of an older incarnation (it has not
-    enqueued in its new one yet), whose sequence ids say nothing of this one's; hosts' clocks
-    are taken to agree within the time a quorum and its reconfiguration take."""
+    enqueued in its new one yet), whose sequence ids say nothing of this one's. Hosts' clocks
+    are taken to agree within the time since the rank's first entry: early in an incarnation,
+    about a step (a rank hung there, on a host behind by more, reads blocked: a job_stall)."""
     members: dict[tuple, list[tuple[str, int, _Pg]]] = {}
     for url, (who, quorum, pgs) in groups.items():
         for pg_id, pg in pgs.items():
