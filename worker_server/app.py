@@ -10,7 +10,7 @@ an endpoint that fails inside answers 500 with the reason, and the server keeps 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
@@ -91,31 +91,30 @@ def monitor_call_refusal(state: RankState, token: str, exit_auth: str = "any") -
             return BEARER_OFF
         return None if bearer_token_matches(authorization, token) else UNAUTHORIZED
     ident = state.identity
-    signed = rank_auth.verify(token, request.method, _signed_path(),
+    signed = rank_auth.verify(token, request.method, signed_path(request.environ),
                               rank_auth.identity(ident.replica_group, ident.group_rank,
                                                  state.replica_id),
                               request.get_data(cache=True), signature)
     return None if signed else UNAUTHORIZED
 
 
-def payload_signed(path: str, authorization: str | None, state: RankState,
-                   token: str | None) -> bool:
-    """Whether a ``GET`` of the probe payload ``path`` (with its query) is a peer's fetch signed
-    with the ranks' ``token`` for this rank's address (a peer dials the worker_url it
-    advertises; its own control probe, its control_url): a fetch seen on the wire reaches no
-    other rank."""
-    signature = rank_auth.signature_of(authorization)
+def payload_signed(environ: Mapping[str, Any], state: RankState, token: str | None) -> bool:
+    """Whether the request (a WSGI environ) is a peer's ``GET`` of the probe payload signed with
+    the ranks' ``token`` for this rank's address (a peer dials the worker_url it advertises; its
+    own control probe, its control_url): a fetch seen on the wire reaches no other rank."""
+    signature = rank_auth.signature_of(environ.get("HTTP_AUTHORIZATION"))
     return bool(token) and signature is not None and any(
-        rank_auth.verify(token, "GET", path, rank_auth.peer_identity(url), b"", signature)
+        rank_auth.verify(token, "GET", signed_path(environ), rank_auth.peer_identity(url), b"",
+                         signature)
         for url in {state.worker_url, state.control_url} if url)
 
 
-def _signed_path() -> str:
-    """The request's route with its query as the caller signed it: werkzeug's request.path
-    leaves out SCRIPT_NAME, the prefix a proxy in front of the rank strips (docs/CONTRACTS.md,
-    Signed calls)."""
-    query = request.query_string.decode("latin-1")
-    return request.path + (f"?{query}" if query else "")
+def signed_path(environ: Mapping[str, Any]) -> str:
+    """The request's route with its query as the caller signed it: PATH_INFO leaves out
+    SCRIPT_NAME, the prefix a proxy in front of the rank strips (docs/CONTRACTS.md, Signed
+    calls)."""
+    query = environ.get("QUERY_STRING", "")
+    return environ.get("PATH_INFO", "") + (f"?{query}" if query else "")
 
 
 def create_app(
@@ -273,8 +272,7 @@ def create_app(
         if not exit_token:
             return jsonify(error="probing is disabled on this rank (start it with "
                                  "LIGHTKEEPER_EXIT_TOKEN set)", status=403), 403
-        if not payload_signed(_signed_path(), request.headers.get("Authorization"), state,
-                              exit_token):
+        if not payload_signed(request.environ, state, exit_token):
             return jsonify(error="the payload is served only to a peer's fetch signed with the "
                                  "ranks' token (POST /v1/probe asks for it)", status=401), 401
         n = int_param(request.args, "bytes", 0, MAX_BYTES)

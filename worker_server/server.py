@@ -249,14 +249,11 @@ class WorkerServer:
         if self._http is None:
             # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does
             # not block /healthz or /v1/stacks.
-            def trusted(environ: dict) -> bool:  # a peer's signed probe fetch: never paced
-                query = environ.get("QUERY_STRING", "")
-                return payload_signed(environ.get("PATH_INFO", "") + (f"?{query}" if query else ""),
-                                      environ.get("HTTP_AUTHORIZATION"), state, exit_token)
-
+            # a peer's signed probe fetch is never paced
             self._http = BackgroundWSGIServer(
-                self.metrics.count_cpu(self.app, trusted=trusted), host=host, port=port,
-                threads=threads, name="lightkeeper-worker-http")
+                self.metrics.count_cpu(self.app, trusted=lambda environ: payload_signed(
+                    environ, state, exit_token)),
+                host=host, port=port, threads=threads, name="lightkeeper-worker-http")
         self.host, self.port, self.url = host, self._http.port, self._http.url
         state.worker_url = self.url
         # a wildcard bind is reached by itself on loopback: its advertised name may resolve
