@@ -128,11 +128,9 @@ class _Channel(HTTPChannel):
 
     task_class = _Task
     _hold_until = 0.0
-    served_at = 0.0  # when its last request began to be served, or it was accepted
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.served_at = time.monotonic()
+        self.served_at = time.monotonic()  # when its last request began to be served, or now
 
     def hold(self, seconds: float) -> None:
         self._hold_until = time.monotonic() + seconds

@@ -213,8 +213,9 @@ class WorkerMetrics:
         are paced (:meth:`pace`), ``paced_slots`` of them waiting at once. Another that would
         wait is answered at once, unpaced, when its client (address) had no read answered
         within HOLD_S, else 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at
-        once). :data:`UNPACED` paths never wait, nor :data:`UNPACED_AGENTS` on their route
-        within :data:`ALLOWANCE` (past it, as on any other route). On
+        once). :data:`UNPACED` paths never wait when ``trusted`` says the request is signed, nor
+        :data:`UNPACED_AGENTS` on their route within :data:`ALLOWANCE` and the unpaced budget
+        (past them, as on any other route). On
         another route one of those agents has its own allowance per address and
         :data:`LOOK_ROUTES` route: its first read within HOLD_S is answered unpaced, its next
         one paced even with no slot free (at most MAX_PACE_S, one such read at a time), and
@@ -235,7 +236,7 @@ class WorkerMetrics:
             # an exemption below lets it through unpaced only while the budget lasts
             unpaced = pacing and budget.left(now)
             if pacing and not (unpaced and (path in named or path == HEALTHZ)
-                              and allowance.take((client, path), ALLOWANCE, now)):
+                              and allowance.take((client, path), now)):
                 key = (client, path if path in LOOK_ROUTES else "") if named else client
                 keys = (key,)
                 if named and readers.first(key, now) and unpaced:
@@ -315,24 +316,24 @@ class WorkerMetrics:
 
 
 class _Allowance:
-    """Token buckets by key: ``rate`` reads a second, as many at once. Keys whose bucket
-    refilled are forgotten past KEEP."""
+    """Token buckets by key: :data:`ALLOWANCE` reads a second, as many at once. Keys whose
+    bucket refilled are forgotten past KEEP."""
 
     KEEP = 256
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._left: dict[Any, tuple[float, float, float]] = {}  # key -> (left, at, rate)
+        self._left: dict[Any, tuple[float, float]] = {}  # key -> (reads left, at)
 
-    def take(self, key: Any, rate: float, now: float) -> bool:
+    def take(self, key: Any, now: float) -> bool:
         with self._lock:
-            left, at, _ = self._left.get(key, (rate, now, rate))
-            left = min(rate, left + (now - at) * rate)
+            left, at = self._left.get(key, (ALLOWANCE, now))
+            left = min(ALLOWANCE, left + (now - at) * ALLOWANCE)
             taken = left >= 1.0
-            self._left[key] = (left - 1.0 if taken else left, now, rate)
+            self._left[key] = (left - 1.0 if taken else left, now)
             if len(self._left) > self.KEEP:
-                self._left = {k: (n, t, r) for k, (n, t, r) in self._left.items()
-                              if n + (now - t) * r < r}
+                self._left = {k: (n, t) for k, (n, t) in self._left.items()
+                              if n + (now - t) * ALLOWANCE < ALLOWANCE}
             return taken
 
 
