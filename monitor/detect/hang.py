@@ -275,7 +275,8 @@ class Hang:
                         cross[g].append(h)
         for g in sorted(set(cross) | set(inner)):
             gv = view.groups.get(g)
-            if gv is None or g not in candidates:
+            # the monitor's own kill holds the others until torchft drops the group: not a hang
+            if gv is None or g not in candidates or gv.replica_id in evicted:
                 continue
             h_in = inner.get(g)
             waiting = self._in_group_blocked(view, g, h_in, waits, rank_group)
@@ -352,7 +353,8 @@ class Hang:
         out = []
         for gv in idle:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
-            if gv.replica_group in named or self._held(view, gv.replica_group, ranks, now):
+            if gv.replica_group in named or gv.replica_id in evicted \
+                    or self._held(view, gv.replica_group, ranks, now):
                 continue
             if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:
                 continue

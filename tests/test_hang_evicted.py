@@ -1,0 +1,31 @@
+"""A group the monitor evicted holds the others in the cross-group collective until torchft
+drops it from the quorum (about a second after the kill): that wait is the monitor's own doing,
+not a hang of the group. Named, it would count as a second offence against the group's host
+(a straggler's host quarantined for its kill)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_monitor_detectors import T0, group_1_never_arrives
+
+
+@pytest.mark.parametrize(("inside", "with_dumps"), [([3], True), ([], True), ([], False)],
+                         ids=["in_group", "cross_group", "states_alone"])
+def test_no_hang_is_named_on_a_group_whose_kill_was_sent(inside, with_dumps):
+    found = {}
+    for evicted in (False, True):
+        job, det = group_1_never_arrives(absent_in_group=inside)
+        killed = {job.view(T0).groups[1].replica_id} if evicted else set()
+        found[evicted] = []
+        for t in (1.0, 2.0, 3.5, 4.5):
+            for r in (0, 1, 4, 5):
+                job.wait(r, "cross", t - 0.2, phase="allreduce")
+            job.wait(2, "group" if inside else None, t - 0.1)
+            job.wait(3, None)
+            view = job.view(T0 + t)
+            dumps = job.dumps() if with_dumps and det.fr_wanted(view, T0 + t) else None
+            found[evicted] += det.update(view, dumps, T0 + t, evicted=killed)
+    # the same evidence names the group while it is not the one being killed
+    assert [(f.kind, f.replica_group) for f in found[False]] == [("hang", 1)]
+    assert [f for f in found[True] if f.kind == "hang"] == []
