@@ -157,6 +157,31 @@ def test_the_hang_threshold_of_torch_only_ranks_follows_their_steps_on_the_light
     assert late(0.4) == [("hang", 1)]
 
 
+def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_step():
+    """A restarted torch-only group's first step compiles (minutes) while the others wait for it
+    in the cross-group all_reduce; judged at the hang threshold it was evicted as hung, and its
+    replacement too. Held as Lightkeeper's ranks are (no step timed past the heal): the same late
+    group (the hang dumps, 0.4-s steps) is not hung while it has not stepped since it joined
+    under the monitor's eyes, and is once it stepped twice."""
+    dumps = _dumps("hang")
+    t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
+
+    def late(joined_at: int) -> list:
+        job = Job(dumps, 2)
+        job.detectors = Detectors(DetectorConfig())  # --starting-timeout 300 s
+        for i in range(8):  # groups 0 and 2 step each 0.4 s; group 1 joins at sweep joined_at
+            groups = (0, 1, 2) if i >= joined_at else (0, 2)
+            job.torch.adapt({}, job.who, _status(3, 52 + i, groups, 2, t0), t0 - (8 - i) * 0.4)
+        found = []
+        for i in range(9):
+            found += job.sweep(t0 + 0.5 + 0.5 * i, _status(3, 60, (0, 1, 2), 2, t0 + 0.5 * i))
+        timed = {s["torch_only"]["timed"] for k, s in job.states.items() if k[0] == 1}
+        return timed, [(f.kind, f.replica_group) for f in found if f.kind == "hang"]
+
+    assert late(joined_at=7) == ({False}, [])
+    assert late(joined_at=4) == ({True}, [("hang", 1)])
+
+
 def test_a_first_move_of_the_lighthouses_step_is_no_step_time():
     """A restarted group's step jumps from 0 to the others' at its heal, and a monitor started
     mid-step first sees a part of one: read as steps, they made a 5-s step's threshold ~0.1 s

@@ -56,10 +56,11 @@ def _timed(st: Mapping[str, Any], recent: list[float]) -> bool:
 
 def untimed(gv: GroupView) -> bool:
     """No rank of the group has timed a step yet, its heal's aside (a rank on torch's debug
-    server never does)."""
+    server times none: its incarnation not seen stepping past its heal on the Lighthouse)."""
     ranks = gv.reachable
     return bool(ranks) and not any(
-        is_torch(r.url) or _timed(r.state, r.recent_steps()) for r in ranks)
+        (r.state.get("torch_only") or {}).get("timed", True) if is_torch(r.url)
+        else _timed(r.state, r.recent_steps()) for r in ranks)
 
 
 def _over(held: Mapping[str, Any]) -> str:

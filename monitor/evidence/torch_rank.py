@@ -172,9 +172,9 @@ def peers_past(groups: Mapping[str, tuple[TorchIdentity, int | None, Mapping[int
 def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
                 lighthouse: LighthouseStatus | None, now: float, job: str,
                 past: Mapping[int, tuple[int, int]] | None = None,
-                step_s: float | None = None) -> dict[str, Any]:
+                step_s: float | None = None, timed: bool = True) -> dict[str, Any]:
     """The ``/v1/state`` document of a torch-only rank's answer (``past``: as
-    :func:`blocked_in`'s)."""
+    :func:`blocked_in`'s; ``timed``: :meth:`StepPace.timed`)."""
     member = lighthouse.members.get(who.replica_id) if lighthouse is not None else None
     dump = combined(raw)
     blocked = blocked_in(dump, now, past) if dump is not None else None
@@ -204,7 +204,8 @@ def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
                            f"{len(dump.get('entries') or [])} entries" if dump else None,
                            raw.error))) or "none",
                        "cannot_show": list(CANNOT_SHOW),
-                       "step_s": None if step_s is None else round(step_s, 4)},
+                       "step_s": None if step_s is None else round(step_s, 4),
+                       "timed": timed},
         "stacks_url": f"{base_url(url)}/handler/{STACKS_HANDLER}"
         if STACKS_HANDLER in handlers else None,
     }
@@ -261,10 +262,19 @@ class StepPace:
     torch-only job's hang threshold was --hang-floor alone: a group 3 s late in a job of 10-s
     steps was evicted as hung."""
 
-    def __init__(self) -> None:
+    def __init__(self, joined_at: int | None = None) -> None:
         self.step: int | None = None
         self.at: float | None = None  # when a sweep first saw the step move to self.step
         self.times: deque[float] = deque(maxlen=STEP_PACES)
+        # an incarnation that joined while the monitor watched: the job's step then
+        self.joined_at = joined_at
+
+    def timed(self) -> bool:
+        """It committed two steps past the job's step when it joined (its heal's, then one), or
+        it trained before the monitor first looked: a new incarnation's first step compiles
+        (held to --starting-timeout, as Lightkeeper's ranks are until they time a step past
+        their heal's)."""
+        return self.joined_at is None or (self.step or 0) >= self.joined_at + 2
 
     def see(self, step: int, now: float) -> None:
         if self.step is None or step == self.step:
@@ -291,6 +301,7 @@ class TorchRanks:
         # stuck_starting find every group and the job-wide detectors lose them
         self._known: LighthouseStatus | None = None
         self._paces: dict[str, StepPace] = {}  # replica id -> its step time, as sweeps see it
+        self._looked = False  # the Lighthouse read once: the groups joining since are new
 
     def sweep(self, polls: dict[str, RankPoll], lighthouse: LighthouseStatus | None,
               now: float) -> dict[str, tuple[int, int]] | None:
@@ -313,8 +324,10 @@ class TorchRanks:
         dumps: dict[str, dict[str, Any]] = {}
         if lighthouse is not None:
             self._known = lighthouse
-            self._paces = {rid: self._paces.get(rid) or StepPace()
-                           for rid in lighthouse.members}
+            job_step = max((m.step for m in lighthouse.members.values()), default=0)
+            self._paces = {rid: self._paces.get(rid) or StepPace(
+                job_step if self._looked else None) for rid in lighthouse.members}
+            self._looked = True
             for rid, m in lighthouse.members.items():
                 self._paces[rid].see(m.step, now)
         known, read = self._known, {}
@@ -344,7 +357,8 @@ class TorchRanks:
             try:
                 pace = self._paces.get(who.replica_id)
                 state = torch_state(url, who, raw, known, now, self.job, past.get(url),
-                                    pace.seconds() if pace is not None else None)
+                                    pace.seconds() if pace is not None else None,
+                                    pace is None or pace.timed())
                 if raw.dump is not None:  # incarnations only of a quorum read now
                     dumps[url] = adapted_dump(raw.dump, state, lighthouse, p.at)
             except Exception as e:
