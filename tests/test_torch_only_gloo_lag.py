@@ -12,6 +12,8 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
+
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
@@ -114,16 +116,20 @@ def test_groups_waiting_for_their_quorum_after_a_crash_are_not_hung():
     assert not [f for f in found if f.kind == "hang"], found
 
 
-def test_a_peer_not_yet_in_the_new_incarnation_clears_nothing():
+@pytest.mark.parametrize("completed", ["0", "-1"])
+def test_a_peer_not_yet_in_the_new_incarnation_clears_nothing(completed):
     """Group 1's rank 0 reconfigured into a new incarnation (a new pg, 5 s after the old one's
     last entry) and waits in its seq 1; its peers' newest entries are still of the old one, whose
-    sequence ids (180) say nothing of the new one's: it stays blocked."""
+    sequence ids (180) say nothing of the new one's: it stays blocked. gloo says a new group's
+    last completed is -1 (its first sequence id is 1): read as blocked in its first all_reduce
+    (it was read as blocked in nothing, so a hang in a new incarnation's first step went
+    unfound)."""
     dumps = _dumps("hang")
     d = dumps[(1, 0)]
     last = max(e["time_created_ns"] for e in d["entries"])
     d["entries"].append({**d["entries"][-1], "pg_id": 2, "collective_seq_id": 1, "op_id": 1,
                          "record_id": 999, "time_created_ns": last + 5_000_000_000})
-    d["pg_status"]["2"] = {"last_completed_collective": "0", "last_enqueued_collective": "1",
+    d["pg_status"]["2"] = {"last_completed_collective": completed, "last_enqueued_collective": "1",
                            "last_started_collective": "-1"}
     job = Job(dumps, 2)
     job.sweep(last / 1e9 + 7, _status(3, 60, (0, 1, 2), 2, last / 1e9))
@@ -162,15 +168,16 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
     in the cross-group all_reduce; judged at the hang threshold it was evicted as hung, and its
     replacement too. Held as Lightkeeper's ranks are (no step timed past the heal): the same late
     group (the hang dumps, 0.4-s steps) is not hung while it has not stepped since it joined
-    under the monitor's eyes, and is once it stepped twice."""
+    under the monitor's eyes, and is once it stepped twice; one only left out of a quorum for
+    a while is no new incarnation."""
     dumps = _dumps("hang")
     t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
 
-    def late(joined_at: int) -> list:
+    def late(joined_at: int, gap: tuple = (0, 1, 2)) -> list:
         job = Job(dumps, 2)
         job.detectors = Detectors(DetectorConfig())  # --starting-timeout 300 s
         for i in range(8):  # groups 0 and 2 step each 0.4 s; group 1 joins at sweep joined_at
-            groups = (0, 1, 2) if i >= joined_at else (0, 2)
+            groups = ((0, 1, 2) if i != 7 else gap) if i >= joined_at else (0, 2)
             job.torch.adapt({}, job.who, _status(3, 52 + i, groups, 2, t0), t0 - (8 - i) * 0.4)
         found = []
         for i in range(9):
@@ -180,6 +187,10 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
 
     assert late(joined_at=7) == ({False}, [])
     assert late(joined_at=4) == ({True}, [("hang", 1)])
+    # the same incarnation back after one quorum formed without it (it asked late), or after a
+    # restarted Lighthouse listed no member: no new incarnation, nothing held
+    assert late(joined_at=0, gap=(0, 2)) == ({True}, [("hang", 1)])
+    assert late(joined_at=0, gap=()) == ({True}, [("hang", 1)])
 
 
 def test_a_first_move_of_the_lighthouses_step_is_no_step_time():

@@ -41,6 +41,8 @@ CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocke
 # whole dumps (tests/test_monitor_fr_filter.py)
 FR_LAST = 256
 STEP_PACES = 16
+# paces of incarnations absent from the Lighthouse's quorum kept beyond twice its members
+PACES_KEPT = 1024
 
 
 def _int(v: Any) -> int | None:
@@ -115,10 +117,15 @@ def blocked_in(dump: Mapping[str, Any], now: float,
     for pg_id, pg in _groups(dump).items():
         gone, ahead = (past or {}).get(pg_id, (-1, -1))
         first = max(pg.done, gone, ahead - 1) + 1  # the first it may still be blocked in
-        if first > pg.enqueued:
+        # ...the lowest one recorded from there: a new group's sequence ids start at 1 where
+        # its last completed reads -1
+        seq = min((s for e in pg.entries if not e.get("is_p2p")
+                   and (s := _int(e.get("collective_seq_id"))) is not None
+                   and first <= s <= pg.enqueued), default=None)
+        if seq is None:
             continue
         for e in pg.entries:
-            if _int(e.get("collective_seq_id")) != first or e.get("is_p2p"):
+            if _int(e.get("collective_seq_id")) != seq or e.get("is_p2p"):
                 continue
             created = _created(e)
             if created is not None and (oldest is None or created < oldest[0]):
@@ -325,11 +332,16 @@ class TorchRanks:
         if lighthouse is not None:
             self._known = lighthouse
             job_step = max((m.step for m in lighthouse.members.values()), default=0)
-            self._paces = {rid: self._paces.get(rid) or StepPace(
-                job_step if self._looked else None) for rid in lighthouse.members}
-            self._looked = True
             for rid, m in lighthouse.members.items():
-                self._paces[rid].see(m.step, now)
+                pace = self._paces.pop(rid, None) or StepPace(job_step if self._looked else None)
+                self._paces[rid] = pace  # newest seen last
+                pace.see(m.step, now)
+            self._looked = True
+            # a group left out of a quorum, or every group while a restarted Lighthouse has
+            # none, comes back the same incarnation: its pace is kept a while (not new again)
+            for rid in list(self._paces)[:max(0, len(self._paces) - 2 * len(lighthouse.members)
+                                            - PACES_KEPT)]:
+                del self._paces[rid]
         known, read = self._known, {}
         for url, p in list(polls.items()):
             raw = p.data.get(RAW_KEY) if p.ok and is_torch(url) else None
