@@ -63,6 +63,14 @@ def untimed(gv: GroupView) -> bool:
         else _timed(r.state, r.recent_steps()) for r in ranks)
 
 
+def _killed(view: ClusterView, ranks: list[int], evicted: Container[str]) -> bool:
+    """Every rank named reports an incarnation the monitor killed: the others wait for it until
+    torchft drops it from the quorum, the monitor's own doing, not a hang (nor an offence of its
+    host). Asked of each rank: a group may show its replacement's ranks beside the old ones."""
+    got = [view.rank_view(r) for r in ranks]
+    return bool(got) and all(rv is not None and rv.replica_id in evicted for rv in got)
+
+
 def _over(held: Mapping[str, Any]) -> str:
     """The summary's note of a first-step hold over incarnations (``Hang._judged_at``)."""
     return f", held {held['held_s']:.0f}s over {held['incarnations']} incarnation(s)" if held \
@@ -276,8 +284,7 @@ class Hang:
                         cross[g].append(h)
         for g in sorted(set(cross) | set(inner)):
             gv = view.groups.get(g)
-            # the monitor's own kill holds the others until torchft drops the group: not a hang
-            if gv is None or g not in candidates or gv.replica_id in evicted:
+            if gv is None or g not in candidates:
                 continue
             h_in = inner.get(g)
             waiting = self._in_group_blocked(view, g, h_in, waits, rank_group)
@@ -299,7 +306,7 @@ class Hang:
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
                     waiting, waits = inner_peers, {**blocked, **waits}
-            if self._held(view, g, ranks, now):
+            if _killed(view, ranks, evicted) or self._held(view, g, ranks, now):
                 continue
             if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:
                 continue
@@ -354,7 +361,7 @@ class Hang:
         out = []
         for gv in idle:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
-            if gv.replica_group in named or gv.replica_id in evicted \
+            if gv.replica_group in named or _killed(view, ranks, evicted) \
                     or self._held(view, gv.replica_group, ranks, now):
                 continue
             if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:
