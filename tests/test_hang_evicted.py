@@ -39,8 +39,12 @@ def test_no_hang_is_named_on_a_group_whose_kill_was_sent(inside, with_dumps):
 
 
 @pytest.mark.parametrize("peer_id", ["replica_group_1:sim", "replica_group_1:new"])
-def test_the_killed_incarnation_is_told_by_its_named_ranks_not_by_a_vote(peer_id):
+@pytest.mark.parametrize(("inside", "with_dumps"), [([3], True), ([], False)],
+                         ids=["in_group", "states_alone"])
+def test_the_killed_incarnation_is_told_by_its_ranks_not_by_a_vote(peer_id, inside,
+                                                                     with_dumps):
     """Group 1's rank 2 already reports its replacement's id (a spare up under a new id) while
-    rank 3, the one the others wait for, still reports the killed one: one each, the group's
-    majority id is a coin toss; the named rank's own id says the wait is the kill's."""
-    assert _hangs([3], {"replica_group_1:sim"}, peer_id=peer_id) == []
+    rank 3 still reports the killed one: one each, the group's majority id is a coin toss. The
+    named rank's own id says the wait is the kill's; a whole group named from the ranks' states
+    alone is left to its next sweeps while any of its ranks is being killed."""
+    assert _hangs(inside, {"replica_group_1:sim"}, with_dumps, peer_id=peer_id) == []

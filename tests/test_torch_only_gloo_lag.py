@@ -193,6 +193,20 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
     assert late(joined_at=0, gap=()) == ({True}, [("hang", 1)])
 
 
+def test_a_group_back_in_a_quorum_takes_no_step_time_from_its_heal():
+    """Group 1, left out of one quorum (it asked late), heals back to the job's step 36 steps
+    on: that jump is no step, its step time stays its own 0.4 s (the jump as a sample made it
+    0.21 s, and its hang threshold with it)."""
+    dumps = _dumps("hang")
+    t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
+    job = Job(dumps, 2)
+    for i, (step, groups) in enumerate([(52, (0, 1, 2)), (53, (0, 1, 2)), (54, (0, 1, 2)),
+                                        (55, (0, 2)), (90, (0, 1, 2))]):
+        job.torch.adapt({}, job.who, _status(3, step, groups, 2, t0), t0 - 2.0 + 0.4 * i)
+    job.sweep(t0 + 0.5, _status(3, 90, (0, 1, 2), 2, t0))
+    assert {s["torch_only"]["step_s"] for k, s in job.states.items() if k[0] == 1} == {0.4}
+
+
 def test_a_first_move_of_the_lighthouses_step_is_no_step_time():
     """A restarted group's step jumps from 0 to the others' at its heal, and a monitor started
     mid-step first sees a part of one: read as steps, they made a 5-s step's threshold ~0.1 s

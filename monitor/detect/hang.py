@@ -63,12 +63,15 @@ def untimed(gv: GroupView) -> bool:
         else _timed(r.state, r.recent_steps()) for r in ranks)
 
 
-def _killed(view: ClusterView, ranks: list[int], evicted: Container[str]) -> bool:
-    """Every rank named reports an incarnation the monitor killed: the others wait for it until
-    torchft drops it from the quorum, the monitor's own doing, not a hang (nor an offence of its
-    host). Asked of each rank: a group may show its replacement's ranks beside the old ones."""
+def _killed(view: ClusterView, ranks: list[int], evicted: Container[str],
+            every: bool = True) -> bool:
+    """Every rank named (``every`` False: any) reports an incarnation the monitor killed: the
+    others wait for it until torchft drops it from the quorum, the monitor's own doing, not a
+    hang (nor an offence of its host). Asked of each rank: a group may show its replacement's
+    ranks beside the old ones."""
     got = [view.rank_view(r) for r in ranks]
-    return bool(got) and all(rv is not None and rv.replica_id in evicted for rv in got)
+    return bool(got) and (all if every else any)(
+        rv is not None and rv.replica_id in evicted for rv in got)
 
 
 def _over(held: Mapping[str, Any]) -> str:
@@ -361,7 +364,8 @@ class Hang:
         out = []
         for gv in idle:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
-            if gv.replica_group in named or _killed(view, ranks, evicted) \
+            # a whole group is named here: one still being killed is left to its next sweeps
+            if gv.replica_group in named or _killed(view, ranks, evicted, every=False) \
                     or self._held(view, gv.replica_group, ranks, now):
                 continue
             if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:

@@ -309,6 +309,7 @@ class TorchRanks:
         self._known: LighthouseStatus | None = None
         self._paces: dict[str, StepPace] = {}  # replica id -> its step time, as sweeps see it
         self._looked = False  # the Lighthouse read once: the groups joining since are new
+        self._members: set[str] = set()  # the last read's
 
     def sweep(self, polls: dict[str, RankPoll], lighthouse: LighthouseStatus | None,
               now: float) -> dict[str, tuple[int, int]] | None:
@@ -335,7 +336,10 @@ class TorchRanks:
             for rid, m in lighthouse.members.items():
                 pace = self._paces.pop(rid, None) or StepPace(job_step if self._looked else None)
                 self._paces[rid] = pace  # newest seen last
+                if rid not in self._members:
+                    pace.at = None  # back in a quorum: its heal's jump is no step time
                 pace.see(m.step, now)
+            self._members = set(lighthouse.members)
             self._looked = True
             # a group left out of a quorum, or every group while a restarted Lighthouse has
             # none, comes back the same incarnation: its pace is kept a while (not new again)
