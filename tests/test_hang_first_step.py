@@ -76,22 +76,3 @@ def test_a_group_restarted_into_a_running_job_is_held_while_it_compiles():
     assert compiling_group_1(job, det, [float(t) for t in range(1, 31)]) == []
     found = compiling_group_1(job, det, [301.0])
     assert [(f.kind, f.replica_group) for _, f in found] == [("hang", 1)]
-
-
-def test_a_restarted_group_that_tells_the_step_before_its_heal_is_named_at_the_starting_timeout():
-    """A replacement hung on its first step before it entered any collective: its step still
-    reads the one before its heal (a torch-only rank's Lighthouse step reads 0), so it is not at
-    the others' step, and the Flight Recorder names nobody (it has no entry of the group the
-    others wait in). It was never named; it is at --starting-timeout, as any first step."""
-    job = Job(groups=3, ranks=2, step_s=1.0)
-    det = Detectors(DetectorConfig())
-    job.steps(20, now=T0)
-    for r in range(job.world):
-        if job.group_of(r) == 1:
-            job.states[r].update(recent_step_seconds=[], last_step_seconds=None, step=0)
-    assert compiling_group_1(job, det, [float(t) for t in range(1, 31)]) == []
-    found = compiling_group_1(job, det, [301.0])
-    assert [(f.kind, f.replica_group, f.ranks) for _, f in found] == [("hang", 1, [2, 3])]
-    ev = found[0][1].evidence
-    assert ev["level"] == "quorum" and ev["threshold_s"] == pytest.approx(300.0)
-    assert "never reached the cross-group collective on its first step" in ev["summary"]

@@ -347,11 +347,8 @@ class Hang:
             fresh = [r for r in gv.ranks if r.fresh]
             if not fresh or len(gv.reachable) != len(gv.ranks):
                 return []
+            steps.add(gv.step)
             w = [current_wait(r.state) for r in fresh]
-            # a group on its first step (a replacement) tells the step before its heal (a
-            # torch-only one's Lighthouse step, 0): held to --starting-timeout, whatever its step
-            if not (all(scope is None for scope, _ in w) and untimed(gv)):
-                steps.add(gv.step)
             if all(scope is None for scope, _ in w):
                 idle.append(gv)
             elif cross := [(secs, r.rank) for (scope, secs), r in zip(w, fresh, strict=True)
@@ -374,12 +371,10 @@ class Hang:
             if (judged := self._judged_at(view, gv, ranks, longest, now, evicted)) is None:
                 continue
             threshold, held = judged
-            what = "never reached the cross-group collective on its first step" \
-                if gv.step not in steps else "never asked for the quorum of step " \
-                f"{gv.step + 1 if gv.step is not None else '?'}"
-            ev = {"summary": f"rank(s) {ranks} {what} that replica group(s) {sorted(waited)} "
-                             f"have waited for, across groups, for {longest:.1f}s (threshold "
-                             f"{threshold:.1f}s{_over(held)})", **held,
+            ev = {"summary": f"rank(s) {ranks} never asked for the quorum of step "
+                             f"{gv.step + 1 if gv.step is not None else '?'} that replica "
+                             f"group(s) {sorted(waited)} have waited for, across groups, for "
+                             f"{longest:.1f}s (threshold {threshold:.1f}s{_over(held)})", **held,
                   "level": "quorum", "stalled_s": round(longest, 3),
                   "threshold_s": round(threshold, 3), "median_step_s": step_seconds(view),
                   "quorum_id": view.quorum_id, "step": gv.step, "never_arrived": ranks,
