@@ -308,8 +308,6 @@ class TorchRanks:
         # stuck_starting find every group and the job-wide detectors lose them
         self._known: LighthouseStatus | None = None
         self._paces: dict[str, StepPace] = {}  # replica id -> its step time, as sweeps see it
-        self._looked = False  # the Lighthouse read once: the groups joining since are new
-        self._members: set[str] = set()  # the last read's
 
     def sweep(self, polls: dict[str, RankPoll], lighthouse: LighthouseStatus | None,
               now: float) -> dict[str, tuple[int, int]] | None:
@@ -331,16 +329,16 @@ class TorchRanks:
         saying why it cannot be one). ``lighthouse`` None: unreadable this sweep."""
         dumps: dict[str, dict[str, Any]] = {}
         if lighthouse is not None:
-            self._known = lighthouse
+            # the last status read: a group joining since the first is a new incarnation
+            last, self._known = self._known, lighthouse
             job_step = max((m.step for m in lighthouse.members.values()), default=0)
             for rid, m in lighthouse.members.items():
-                pace = self._paces.pop(rid, None) or StepPace(job_step if self._looked else None)
+                pace = self._paces.pop(rid, None) or StepPace(
+                    job_step if last is not None else None)
                 self._paces[rid] = pace  # newest seen last
-                if rid not in self._members:
+                if last is not None and rid not in last.members:
                     pace.at = None  # back in a quorum: its heal's jump is no step time
                 pace.see(m.step, now)
-            self._members = set(lighthouse.members)
-            self._looked = True
             # a group left out of a quorum, or every group while a restarted Lighthouse has
             # none, comes back the same incarnation: its pace is kept a while (not new again)
             for rid in list(self._paces)[:max(0, len(self._paces) - 2 * len(lighthouse.members)
