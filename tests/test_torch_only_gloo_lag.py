@@ -173,11 +173,11 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
     dumps = _dumps("hang")
     t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
 
-    def late(joined_at: int, gap: tuple = (0, 1, 2)) -> list:
+    def late(joined_at: int, gap: tuple = (0, 1, 2), before: tuple = (0, 2)) -> list:
         job = Job(dumps, 2)
         job.detectors = Detectors(DetectorConfig())  # --starting-timeout 300 s
         for i in range(8):  # groups 0 and 2 step each 0.4 s; group 1 joins at sweep joined_at
-            groups = ((0, 1, 2) if i != 7 else gap) if i >= joined_at else (0, 2)
+            groups = ((0, 1, 2) if i != 7 else gap) if i >= joined_at else before
             job.torch.adapt({}, job.who, _status(3, 52 + i, groups, 2, t0), t0 - (8 - i) * 0.4)
         found = []
         for i in range(9):
@@ -191,6 +191,9 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
     # restarted Lighthouse listed no member: no new incarnation, nothing held
     assert late(joined_at=0, gap=(0, 2)) == ({True}, [("hang", 1)])
     assert late(joined_at=0, gap=()) == ({True}, [("hang", 1)])
+    # a job that started under the monitor (its first read: no quorum yet), first seen steps
+    # in: its steps count from 0, so it has trained
+    assert late(joined_at=7, before=()) == ({True}, [("hang", 1)])
 
 
 def test_a_group_back_in_a_quorum_takes_no_step_time_from_its_heal():

@@ -331,7 +331,11 @@ class TorchRanks:
         if lighthouse is not None:
             # the last status read: a group joining since the first is a new incarnation
             last, self._known = self._known, lighthouse
-            job_step = max((m.step for m in lighthouse.members.values()), default=0)
+            # the job's step as a group joins it: 0 where no member was seen before (the job's
+            # start, its steps counted from 0, however late the monitor first sees them)
+            running = any(rid in self._paces for rid in lighthouse.members)
+            job_step = max((m.step for m in lighthouse.members.values()), default=0) \
+                if running else 0
             for rid, m in lighthouse.members.items():
                 pace = self._paces.pop(rid, None) or StepPace(
                     job_step if last is not None else None)
