@@ -64,8 +64,25 @@ def test_text_says_when_no_two_ranks_clocks_could_be_compared(tmp_path, capsys):
     assert main(["analyze", *map(str, paths)]) == 0
     out = capsys.readouterr().out
     assert "note: no straggler check in 1 group(s) (0)" in out and "--same-host" in out
-    assert main(["analyze", "--same-host", *map(str, paths)]) == 0
+    assert main(["analyze", "--same-host", "--world-size", "3", *map(str, paths)]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_gloo_dumps_that_may_lack_the_last_ranks_are_no_healthy_verdict(tmp_path, capsys):
+    """gloo declares no world: two of a four-rank job's dumps, the ranks that arrived, would
+    read as a healthy two-rank job, so the summary says its size is unknown."""
+    job = FRJob(4, flavour="gloo")
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    job.collective("0", "all_reduce", [[8]], absent=[2, 3])  # ranks 2 and 3 never arrive
+    dumps = job.dumps()
+    paths = write_dumps({r: dumps[r] for r in (0, 1)}, tmp_path, fmt="json")
+    assert main(["analyze", "--same-host", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "no findings in ranks 0, 1 (the job's size unknown: see note)" in out
+    assert "pass --world-size if it had more" in out
+    assert main(["analyze", "--same-host", "--world-size", "4", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "no dump from rank(s): 2, 3" in out and "--world-size if" not in out
 
 
 def test_text_format_has_one_block_per_finding(tmp_path, capsys):

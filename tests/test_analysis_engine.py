@@ -159,6 +159,10 @@ def test_missing_dump_is_unknown_not_a_culprit_unless_asked():
     blamed = analyze(dumps, blame_missing=True)
     # rank 2 completed everything in group "2", so only the default group's pending seq 7 blames 3
     assert [(f.kind, f.pg, f.seq, f.culprit_ranks) for f in blamed.findings] == [("hang", "0", 7, [3])]
+    # what rank 3 did is assumed, not read: it is no entry of the ranks' own seqs, and said so
+    (hang,) = blamed.findings
+    assert sorted(hang.last_seq_by_rank) == [0, 1, 2]
+    assert "rank(s) 3 have no dump: taken as at seq 6 (--blame-missing)" in hang.detail
 
 
 def test_blaming_a_missing_rank_reads_only_the_dumps_there_are():
@@ -242,23 +246,23 @@ def test_straggler_on_gloo_uses_arrival_order_within_a_host():
     # without host information gloo clocks are never compared, and the report says so
     for dump in dumps.values():
         del dump["host"]
-    result = analyze(dumps)
+    result = analyze(dumps, world_size=8)
     assert result.findings == []
     assert result.notes == ["no straggler check in 1 group(s) (0): their dumps name no host and "
                             "carry no NCCL durations, so no two ranks' clocks can be compared "
                             "(--same-host if they come from one host)"]
     assert result.to_dict()["notes"] == result.notes
-    assert analyze(dumps, same_host=True).notes == []
+    assert analyze(dumps, same_host=True, world_size=8).notes == []
     # every rank on a host of its own (a cross-node group): --same-host would not help
     for rank, dump in dumps.items():
         dump["host"] = f"node{rank}"
-    (note,) = analyze(dumps).notes
+    (note,) = analyze(dumps, world_size=8).notes
     assert "every rank is on a host of its own" in note and "--same-host" not in note
     # some name a host, some do not: --same-host may still pair the unnamed ones
     for rank, dump in dumps.items():
         if rank % 2:
             del dump["host"]
-    (note,) = analyze(dumps).notes
+    (note,) = analyze(dumps, world_size=8).notes
     assert "--same-host" in note, note
 
 

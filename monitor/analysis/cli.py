@@ -329,13 +329,15 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"note: {note}")
     findings = report["findings"]
     if report["ranks"]:
-        from .engine import NOTHING_KEPT, NOTHING_RECORDED
+        from .engine import NOTHING_KEPT, NOTHING_RECORDED, WORLD_INFERRED
 
         # "no findings" would read as a healthy job
         notes = report.get("notes", [])
         empty = "nothing compared" if NOTHING_RECORDED in notes or NOTHING_KEPT in notes else "no findings"
         if any(n.endswith(INCOMPLETE) for n in notes):
             empty = "no findings in the dumps read: incomplete input, not a healthy verdict"
+        elif any(WORLD_INFERRED in n for n in notes):
+            empty = f"no findings in ranks {_span(report['ranks'])} (the job's size unknown: see note)"
         lines.append(f"{len(findings)} finding(s)" if findings else empty)
     for f in findings:
         lines.append("")
@@ -361,7 +363,8 @@ def format_text(report: dict[str, Any]) -> str:
             for rank, act in f["last_activity"].items():
                 seq = f["last_seq_by_rank"].get(rank)
                 doing = "nothing recorded" if not act else f"pg {act['pg']!r} seq {act['seq']} {act['op']} ({act['state']})"
-                lines.append(f"  rank {rank}: last seq in group {seq}; newest entry: {doing}")
+                last = "no dump (--blame-missing)" if seq is None else f"last seq {seq} in this group"
+                lines.append(f"  rank {rank}: {last}; newest entry: {doing}")
             if f["unknown_ranks"]:
                 lines.append(f"  unknown: {_span(f['unknown_ranks'])}")
         elif f["kind"] == "straggler":

@@ -31,6 +31,8 @@ NOTHING_RECORDED = ("no collective recorded in any dump: Flight Recorder off? se
 NOTHING_KEPT = ("no collective entry in any dump, though their pg_status counts collectives enqueued: dumped "
                 "with onlyActive (unfinished collectives only) or includeCollectives=False? nothing was "
                 "compared")
+# Dumps that declare no world (gloo): a job's last ranks without a dump leave no gap to see.
+WORLD_INFERRED = "taken from the highest rank read, as the dumps declare none (gloo)"
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
@@ -43,7 +45,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     config = straggler or StragglerConfig()
     traces, errors = normalize_dumps(dumps)
     signatures = _share_signatures(traces)
-    members = _members(traces, world_size)
+    members, inferred_world = _members(traces, world_size)
     current = _current_groups(members)
 
     findings: list[Finding] = []
@@ -77,6 +79,9 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     findings.sort(key=lambda f: f.sort_key())
     lags.sort(key=lambda f: f.sort_key())
     notes = []
+    if inferred_world is not None and not findings:  # "healthy" had the last ranks no dump
+        notes.append(f"the job's size, {inferred_world} rank(s), is {WORLD_INFERRED}: pass "
+                     "--world-size if it had more")
     if nothing_recorded(traces):
         notes.append(NOTHING_KEPT if any(t.status_enqueued for t in traces.values()) else NOTHING_RECORDED)
     for why, groups in evidence.unchecked.items():
@@ -150,8 +155,10 @@ def _shared_id(sig: Signature, table: list[Signature], ids: dict[Any, int],
 _MAX_WORLD = 1 << 20  # members of "0" told by rank numbers alone, at most (a corrupt dump's 10**9)
 
 
-def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[GroupKey, list[int]]:
-    """Each group's members: declared (pg_config, incarnations) plus ranks seen in it."""
+def _members(traces: Mapping[int, RankTrace],
+             world_size: int | None) -> tuple[dict[GroupKey, list[int]], int | None]:
+    """Each group's members: declared (pg_config, incarnations) plus ranks seen in it; and the
+    world's size where only the rank numbers read tell it (gloo declares none)."""
     found: dict[GroupKey, set[int]] = defaultdict(set)
     declared: dict[GroupKey, tuple[int, ...]] = {}  # the last list added per group
     for rank, trace in traces.items():
@@ -168,9 +175,12 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
             found[key].add(rank)
     # the default group "0" spans the world: gloo does not say so, but rank numbers do
     default = GroupKey("0")
+    inferred = None
     if default in found and default not in declared:
-        found[default].update(range(min(world_size or max(traces) + 1, _MAX_WORLD)))
-    return {key: sorted(ranks) for key, ranks in found.items()}
+        size = min(world_size or max(traces) + 1, _MAX_WORLD)
+        inferred = None if world_size else size
+        found[default].update(range(size))
+    return {key: sorted(ranks) for key, ranks in found.items()}, inferred
 
 
 def _slot(key: GroupKey) -> tuple:
@@ -515,8 +525,11 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
         detail += f"; rank(s) {_ranks(inferred)} hold no unfinished entry of the group (onlyActive)"
     if unknown:
         detail += f"; no evidence from rank(s) {_ranks(unknown)}"
+    if assumed := [r for r in known if r not in traces]:
+        detail += f"; rank(s) {_ranks(sorted(assumed))} have no dump: taken as at seq {known[assumed[0]]} (--blame-missing)"
     return HangFinding(kind="hang", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
-                       waiting_ranks=waiting, unknown_ranks=unknown, last_seq_by_rank=dict(known),
+                       waiting_ranks=waiting, unknown_ranks=unknown,
+                       last_seq_by_rank={r: s for r, s in known.items() if r in traces},
                        last_activity=activity)
 
 
