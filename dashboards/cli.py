@@ -175,7 +175,13 @@ def _build(args: argparse.Namespace) -> int:
     source_error = k8s.SourceError if k8s else ()  # a rules file the generator cannot read
     try:
         if args.check:
-            stale = stale_files() + (k8s.stale_files() if k8s else [])
+            stale = stale_files()
+            try:
+                stale += k8s.stale_files() if k8s else []
+            except source_error:
+                if not stale:
+                    raise
+                # the manifests restate a stale source: they follow once it is rebuilt
             for p in stale:
                 print(f"stale: {p}", file=sys.stderr)
             if stale:

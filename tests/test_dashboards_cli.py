@@ -66,6 +66,26 @@ def test_build_out_that_cannot_take_the_copies(writes, capsys, tmp_path, monkeyp
     assert (tmp_path / "afile").read_text() == "mine\n"
 
 
+def test_check_names_a_dashboard_with_trailing_spaces_stale(tmp_path, monkeypatch, capsys):
+    """A committed dashboard edited by hand (a trailing space) is stale (exit 1), though the
+    Kubernetes generator cannot restate it as it stands (its YAML block refuses the space)."""
+    import shutil
+
+    generated = tmp_path / "generated"
+    shutil.copytree(build.GENERATED_DIR, generated)
+    edited = generated / DASHBOARDS[0]
+    edited.write_text(edited.read_text() + " ")
+    k8s = dashboards_cli._kubernetes_generator()
+    for name in ("PROMETHEUS_RULE", "DASHBOARD_CONFIGMAPS"):
+        shutil.copy(getattr(k8s, name), tmp_path / getattr(k8s, name).name)
+        monkeypatch.setattr(k8s, name, tmp_path / getattr(k8s, name).name)
+    monkeypatch.setattr(k8s, "DASHBOARDS_DIR", generated)
+    monkeypatch.setattr(dashboards_cli, "_kubernetes_generator", lambda: k8s)
+    monkeypatch.setattr(build, "GENERATED_DIR", generated)
+    assert main(["dashboards", "build", "--check"]) == 1
+    assert f"stale: {edited}" in capsys.readouterr().err
+
+
 def test_build_out_cannot_be_empty_or_combined_with_check(writes, capsys):
     assert usage_error(["dashboards", "build", "--out", ""], capsys).endswith(
         "error: argument --out: must not be empty")
