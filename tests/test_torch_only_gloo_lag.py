@@ -262,3 +262,67 @@ def test_peers_whose_recorder_wrapped_still_clear_the_hung_rank():
         for k in ((0, 1), (2, 1)):
             dumps[k]["entries"] = dumps[k]["entries"][-keep:]
         assert _hang_found(dumps) == (("unknown", None), [("hang", 1, [3])]), keep
+
+
+def _first_step(dumps: dict[tuple[int, int], dict]) -> dict[tuple[int, int], dict]:
+    """The hang dumps as a fresh process's first step: one torchft process group, its first
+    all_reduce (seq 1) enqueued by every rank but group 1's rank 1 (compiling), none completed
+    (gloo: -1)."""
+    out = {}
+    for k, d in dumps.items():
+        last = d["entries"][-1]
+        first = [] if k == (1, 1) else [dict(last, collective_seq_id=1, op_id=1, record_id=0)]
+        out[k] = dict(d, entries=first, pg_status={str(last["pg_id"]): {
+            "last_completed_collective": "-1", "last_enqueued_collective": str(len(first)),
+            "last_started_collective": "-1"}})
+    return out
+
+
+def _late_in_first_sight(dumps: dict, reads_before: list, step: int) -> tuple:
+    """Group 1 late (its rank 1 outside the collectives, the others waiting) for 4.5 s after
+    ``reads_before`` (the Lighthouse as the monitor read it before: callables of the time), every
+    group at ``step``: (group 1's ``timed``, the hangs named at the defaults: 3 s, 300 s)."""
+    t0 = max(e["time_created_ns"] for d in _dumps("hang").values() for e in d["entries"]) / 1e9
+    job = Job(dumps, 2)
+    job.detectors = Detectors(DetectorConfig())
+    for i, read in enumerate(reads_before):
+        at = t0 - (len(reads_before) - i) * 0.4
+        job.torch.adapt({}, job.who, read(at), at)
+    found = []
+    for i in range(9):
+        found += job.sweep(t0 + 0.5 + 0.5 * i, _status(3, step, (0, 1, 2), 2, t0 + 0.5 * i))
+    return ({s["torch_only"]["timed"] for k, s in job.states.items() if k[0] == 1},
+            [(f.kind, f.replica_group) for f in found if f.kind == "hang"])
+
+
+def test_a_first_step_is_told_by_the_ranks_dumps_where_the_lighthouse_cannot_tell():
+    """Where no member was seen before (a job resumed at its checkpoint's step 1000 under a
+    monitor started before it, a whole job relaunched under a running one) or on the monitor's
+    first read, a group's Lighthouse step says nothing of whether it trained: a first step that
+    compiles was judged at the hang threshold (3 s) and evicted. Its ranks' dumps tell: a fresh
+    process has completed no collective of torchft's (held to --starting-timeout); one that
+    trained before the monitor looked has (named at the threshold)."""
+    empty = [lambda at: LighthouseStatus(None, {}, {}, at=at)] * 8
+    old = [lambda at, s=s: LighthouseStatus(7, {f"replica_group_{g}:old": QuorumMember(
+        f"replica_group_{g}:old", s, f"s{g}:1", 2) for g in (0, 1, 2)}, {}, at=at)
+        for s in range(1040, 1048)]  # the job's last run, other replica ids
+    first, trained = _first_step(_dumps("hang")), _dumps("hang")
+    for before in (empty, old, []):
+        assert _late_in_first_sight(first, before, 1000) == ({False}, []), before
+    assert _late_in_first_sight(first, [], 0) == ({False}, [])  # a monitor started in step 0
+    # trained before: a monitor (re)started mid-job, or a job's start first seen steps in
+    for before in (empty, []):
+        assert _late_in_first_sight(trained, before, 8) == ({True}, [("hang", 1)]), before
+
+
+def test_a_rank_without_a_dump_is_held_two_steps_where_the_lighthouse_cannot_tell():
+    """A rank whose recorder gave nothing (off, or its dump failed) tells nothing: its group is
+    held as one that joined at the step it was first seen at, until it steps twice."""
+    pace = StepPace(40, asked=True)
+    pace.see(40, 0.0)
+    assert not pace.timed()
+    pace.settle(False)
+    pace.see(41, 1.0)
+    assert not pace.timed()
+    pace.see(42, 2.0)
+    assert pace.timed()

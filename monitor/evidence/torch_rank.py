@@ -103,6 +103,23 @@ def _groups(dump: Mapping[str, Any]) -> dict[int, _Pg]:
     return out
 
 
+def trained(dump: Mapping[str, Any]) -> bool:
+    """Whether the rank completed a collective of torchft's across the groups, in any incarnation
+    its recorder still holds: a fresh process's first step has none (gloo marks one completed only
+    once the next is enqueued), a rank that trained before the monitor looked has. An entry
+    at or below the group's last completed says so (NCCL's count alone may be a heal's p2p)."""
+    entries, status = dump.get("entries"), dump.get("pg_status")
+    if not isinstance(entries, list) or not isinstance(status, Mapping):
+        return False
+    done = {pg_id: d for k, st in status.items() if isinstance(st, Mapping)
+            and (pg_id := _int(k)) is not None
+            and (d := _int(st.get("last_completed_collective"))) is not None and d >= 1}
+    return any(isinstance(e, Mapping) and not e.get("is_p2p")
+               and is_torchft_pg_name(recorders.pg_name(e))
+               and 1 <= (_int(e.get("collective_seq_id")) or 0) <= done.get(_int(e.get("pg_id")), 0)
+               for e in entries)
+
+
 def blocked_in(dump: Mapping[str, Any], now: float,
                past: Mapping[int, tuple[int, int]] | None = None
                ) -> tuple[str, float, Mapping] | None:
@@ -269,19 +286,30 @@ class StepPace:
     torch-only job's hang threshold was --hang-floor alone: a group 3 s late in a job of 10-s
     steps was evicted as hung."""
 
-    def __init__(self, joined_at: int | None = None) -> None:
+    def __init__(self, joined_at: int | None = None, asked: bool = False) -> None:
         self.step: int | None = None
         self.at: float | None = None  # when a sweep first saw the step move to self.step
         self.times: deque[float] = deque(maxlen=STEP_PACES)
         # an incarnation that joined while the monitor watched: the job's step then
         self.joined_at = joined_at
+        # first seen where the Lighthouse cannot tell a new incarnation (the monitor's first
+        # read, a job's start or relaunch): its ranks' first dumps tell (:meth:`settle`)
+        self.asked = asked
 
     def timed(self) -> bool:
         """It committed two steps past the job's step when it joined (its heal's, then one), or
         it trained before the monitor first looked: a new incarnation's first step compiles
         (held to --starting-timeout, as Lightkeeper's ranks are until they time a step past
         their heal's)."""
-        return self.joined_at is None or (self.step or 0) >= self.joined_at + 2
+        return not self.asked and (self.joined_at is None or (self.step or 0) >= self.joined_at + 2)
+
+    def settle(self, was_trained: bool) -> None:
+        """Its ranks answered: a group that trained before is timed; a new one's first step is
+        held as one that joined at the step it was first seen at."""
+        if self.asked:
+            self.asked = False
+            if was_trained:
+                self.joined_at = None
 
     def see(self, step: int, now: float) -> None:
         if self.step is None or step == self.step:
@@ -331,14 +359,14 @@ class TorchRanks:
         if lighthouse is not None:
             # the last status read: a group joining since the first is a new incarnation
             last, self._known = self._known, lighthouse
-            # the job's step as a group joins it: 0 where no member was seen before (the job's
-            # start, its steps counted from 0, however late the monitor first sees them)
-            running = any(rid in self._paces for rid in lighthouse.members)
-            job_step = max((m.step for m in lighthouse.members.values()), default=0) \
-                if running else 0
+            # ...of a job the monitor watched, at the job's step. On the monitor's first read,
+            # or with no member seen before (a job started, resumed at its checkpoint's step,
+            # or relaunched), the step says nothing of whether a group trained: its dumps do.
+            running = last is not None and any(rid in self._paces for rid in lighthouse.members)
+            job_step = max((m.step for m in lighthouse.members.values()), default=0)
             for rid, m in lighthouse.members.items():
-                pace = self._paces.pop(rid, None) or StepPace(
-                    job_step if last is not None else None)
+                pace = self._paces.pop(rid, None) or (
+                    StepPace(job_step) if running else StepPace(m.step, asked=True))
                 self._paces[rid] = pace  # newest seen last
                 if last is not None and rid not in last.members:
                     pace.at = None  # back in a quorum: its heal's jump is no step time
@@ -368,6 +396,13 @@ class TorchRanks:
                              quorum, _groups(dump) if dump is not None else {})
             except Exception as e:  # a dump of an unexpected shape: said, the rank kept
                 self._unread(polls, url, e)
+        answered: dict[str, bool] = {}  # replica id -> whether a rank's dump shows it trained
+        for who, raw, _, _ in read.values():
+            answered[who.replica_id] = answered.get(who.replica_id, False) or (
+                raw.dump is not None and trained(raw.dump))
+        for rid, was_trained in answered.items():
+            if (pace := self._paces.get(rid)) is not None:
+                pace.settle(was_trained)
         # a rank's wait judged by its group's other members too: all their dumps are here
         past = peers_past({u: (who, q, pgs) for u, (who, _, q, pgs) in read.items()})
         for url, (who, raw, _, _) in read.items():
