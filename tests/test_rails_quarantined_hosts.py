@@ -162,3 +162,27 @@ def test_a_host_fault_is_evicted_once_while_its_hosts_quarantine_is_held(tmp_pat
         assert job.kills == [first, again]
     finally:
         mon.stop()
+
+
+def test_a_finding_on_a_group_already_told_to_go_charges_no_host(tmp_path, job):
+    """A group's kill sent, its survivors wait for it until torchft drops it: a hang then
+    confirmed on the dying incarnation (a shard learns its leader's kill only after its next
+    sweep's detectors ran) is the kill's aftermath, not a second offence of its host: with
+    --quarantine-after hang=1 it quarantined the straggler's host. Its replacement's findings
+    count."""
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
+        lighthouse=job.url, token=TOKEN, bundles=BundleConfig(enabled=False),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("straggler",)),
+        quarantine=QuarantineConfig(after={"hang": 1})))
+    try:
+        view = mon.sweep_once()
+        hand_in(mon, view, [finding("straggler", 1, job, mon.clock())])
+        assert job.kills == [job.replica_ids[1]]
+        hand_in(mon, view, [finding("hang", 1, job, mon.clock())])  # the dying incarnation
+        assert mon.hosts.quarantined() == []
+        job.replica_ids[1] = f"replica_group_1:{uuid.uuid4()}"  # its replacement, same host
+        hand_in(mon, view, [finding("hang", 1, job, mon.clock())])
+        assert mon.hosts.quarantined() == ["host-g1"]
+    finally:
+        mon.stop()

@@ -38,10 +38,12 @@ class HostSide:
         quarantine policy, due sink actions on a thread (a slow sink delays no sweep); no raise."""
         try:
             # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
-            # its Manager gone and a bare rank still up): no host's fault
-            killed = self.store.evicted_replica_ids()
-            new = [f for f in new if f.kind not in ("dead", "dead_rank")
-                   or f.replica_id not in killed]
+            # its Manager gone and a bare rank still up): no host's fault. Nor is what else is
+            # confirmed on it while it dies (the survivors' wait read as a hang; a shard learns
+            # its leader's kill a sweep late): the offence that got it killed was counted then
+            killed, gone = self.store.evicted_replica_ids(), self.store.told_to_go_replica_ids()
+            new = [f for f in new if f.replica_id not in (
+                killed if f.kind in ("dead", "dead_rank") else gone)]
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
                 new, {f.key for f in self.detectors.open_findings()}, view, lighthouse, killed)
             group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
