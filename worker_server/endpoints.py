@@ -46,7 +46,7 @@ def bool_param(args: Params, name: str, default: bool = False) -> bool:
     try:
         return BOOL_WORDS[raw.strip().lower()]
     except KeyError:
-        raise BadParameter(f"{name} must be true or false, got {raw!r}") from None
+        raise BadParameter(f"{name} must be true or false (1/0, yes/no), got {raw!r}") from None
 
 
 def choice_param(args: Params, name: str, choices: tuple[str, ...], default: str) -> str:

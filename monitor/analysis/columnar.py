@@ -40,6 +40,7 @@ _CORE_KEYS = ("process_group", "profiling_name", "record_id")
 _KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
          "input_dtypes", "output_dtypes", "state", "time_created_ns", "record_id", "is_p2p")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
+MAX_RANK = 1 << 31  # torch keeps a rank in a C int
 _MAX_GAP = 1 << 16  # a gap in a group's sequence ids filled with empty slots, at most
 _NUMBERS = (int, float)
 
@@ -111,8 +112,10 @@ def _header(dump: Any, rank: int | None) -> tuple[RankTrace, _Keys]:
     own_rank = dump.get("rank", rank)
     if isinstance(own_rank, str) and own_rank.isdigit():
         own_rank = int(own_rank)
-    if not isinstance(own_rank, int) or isinstance(own_rank, bool):
+    if own_rank is None:
         raise DumpFormatError("no rank: the dump has no 'rank' key and none was given")
+    if not isinstance(own_rank, int) or isinstance(own_rank, bool) or not 0 <= own_rank < MAX_RANK:
+        raise DumpFormatError(f"'rank' is {own_rank!r}: not a rank (an integer from 0)")
 
     scope: int | None = None
     offset = 0
