@@ -169,11 +169,14 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
     replacement too. Held as Lightkeeper's ranks are (no step timed past the heal): the same late
     group (the hang dumps, 0.4-s steps) is not hung while it has not stepped since it joined
     under the monitor's eyes, and is once it stepped twice; one only left out of a quorum for
-    a while is no new incarnation."""
+    a while is no new incarnation, nor one whose dumps show it trained before (back from a
+    quorum it was left out of when the monitor started)."""
     dumps = _dumps("hang")
     t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
+    fresh = {**dumps, **{k: d for k, d in _first_step(dumps).items() if k[0] == 1}}
 
-    def late(joined_at: int, gap: tuple = (0, 1, 2), before: tuple = (0, 2)) -> list:
+    def late(joined_at: int, gap: tuple = (0, 1, 2), before: tuple = (0, 2),
+             dumps: dict = fresh) -> list:
         job = Job(dumps, 2)
         job.detectors = Detectors(DetectorConfig())  # --starting-timeout 300 s
         for i in range(8):  # groups 0 and 2 step each 0.4 s; group 1 joins at sweep joined_at
@@ -185,15 +188,16 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
         timed = {s["torch_only"]["timed"] for k, s in job.states.items() if k[0] == 1}
         return timed, [(f.kind, f.replica_group) for f in found if f.kind == "hang"]
 
-    assert late(joined_at=7) == ({False}, [])
-    assert late(joined_at=4) == ({True}, [("hang", 1)])
+    assert late(joined_at=7) == ({False}, [])  # a fresh process: no collective completed
+    assert late(joined_at=7, dumps=dumps) == ({True}, [("hang", 1)])  # it had trained
+    assert late(joined_at=4)[0] == {True}  # it stepped twice since it joined
     # the same incarnation back after one quorum formed without it (it asked late), or after a
     # restarted Lighthouse listed no member: no new incarnation, nothing held
-    assert late(joined_at=0, gap=(0, 2)) == ({True}, [("hang", 1)])
-    assert late(joined_at=0, gap=()) == ({True}, [("hang", 1)])
+    assert late(joined_at=0, gap=(0, 2), dumps=dumps) == ({True}, [("hang", 1)])
+    assert late(joined_at=0, gap=(), dumps=dumps) == ({True}, [("hang", 1)])
     # a job that started under the monitor (its first read: no quorum yet), first seen steps
-    # in: its steps count from 0, so it has trained
-    assert late(joined_at=7, before=()) == ({True}, [("hang", 1)])
+    # in: its dumps show it trained
+    assert late(joined_at=7, before=(), dumps=dumps) == ({True}, [("hang", 1)])
 
 
 def test_a_group_back_in_a_quorum_takes_no_step_time_from_its_heal():

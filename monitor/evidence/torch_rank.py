@@ -290,22 +290,21 @@ class StepPace:
         self.step: int | None = None
         self.at: float | None = None  # when a sweep first saw the step move to self.step
         self.times: deque[float] = deque(maxlen=STEP_PACES)
-        # an incarnation that joined while the monitor watched: the job's step then
+        # a new incarnation's: the job's step as it joined (None: it trained before)
         self.joined_at = joined_at
-        # first seen where the Lighthouse cannot tell a new incarnation (the monitor's first
-        # read, a job's start or relaunch): its ranks' first dumps tell (:meth:`settle`)
+        # new to the monitor: whether it trained before, its ranks' first dumps tell
         self.asked = asked
 
     def timed(self) -> bool:
         """It committed two steps past the job's step when it joined (its heal's, then one), or
-        it trained before the monitor first looked: a new incarnation's first step compiles
+        it trained before the monitor first saw it: a new incarnation's first step compiles
         (held to --starting-timeout, as Lightkeeper's ranks are until they time a step past
         their heal's)."""
         return not self.asked and (self.joined_at is None or (self.step or 0) >= self.joined_at + 2)
 
     def settle(self, was_trained: bool) -> None:
-        """Its ranks answered: a group that trained before is timed; a new one's first step is
-        held as one that joined at the step it was first seen at."""
+        """Its ranks answered: a group that trained before is timed (a monitor started mid-job,
+        a group back from a quorum it was left out of); a fresh process is held as joining."""
         if self.asked:
             self.asked = False
             if was_trained:
@@ -357,16 +356,16 @@ class TorchRanks:
         saying why it cannot be one). ``lighthouse`` None: unreadable this sweep."""
         dumps: dict[str, dict[str, Any]] = {}
         if lighthouse is not None:
-            # the last status read: a group joining since the first is a new incarnation
-            last, self._known = self._known, lighthouse
-            # ...of a job the monitor watched, at the job's step. On the monitor's first read,
-            # or with no member seen before (a job started, resumed at its checkpoint's step,
-            # or relaunched), the step says nothing of whether a group trained: its dumps do.
+            last, self._known = self._known, lighthouse  # the last status read
+            # A group new to the monitor joins at the job's step, if the monitor watched the job
+            # (else: a job started, resumed at its checkpoint's step or relaunched, the monitor's
+            # first read) at the step it is first seen at; whether it trained before (the
+            # Lighthouse's step cannot tell), its ranks' first dumps tell.
             running = last is not None and any(rid in self._paces for rid in lighthouse.members)
             job_step = max((m.step for m in lighthouse.members.values()), default=0)
             for rid, m in lighthouse.members.items():
-                pace = self._paces.pop(rid, None) or (
-                    StepPace(job_step) if running else StepPace(m.step, asked=True))
+                pace = self._paces.pop(rid, None) or StepPace(
+                    job_step if running else m.step, asked=True)
                 self._paces[rid] = pace  # newest seen last
                 if last is not None and rid not in last.members:
                     pace.at = None  # back in a quorum: its heal's jump is no step time
