@@ -104,7 +104,7 @@ def test_a_lag_between_two_groups_is_reported_and_the_exit_status_ignores_it(tmp
     write_dumps(loaded_pair_job(0, bias_ms=10.0).dumps(), tmp_path, fmt="json")
     assert main(["analyze", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "no findings" in out and "[lag] rank 1 behind rank 0 (not a finding)" in out
+    assert "no findings; 1 lag(s) below" in out and "[lag] rank 1 behind rank 0 (not a finding)" in out
     code, report = run_json(capsys, tmp_path)
     assert code == 0 and report["findings"] == []
     assert [(f["kind"], f["rank"], f["peers"]) for f in report["lags"]] == [("lag", 1, [0])]
