@@ -62,10 +62,10 @@ def stale_files() -> list[Path]:
     out = []
     for path, text in expected_files().items():
         try:
-            current = path.read_text()
+            current = path.read_bytes()  # a hand edit may be no UTF-8: stale all the same
         except FileNotFoundError:
             current = None
-        if current != text:
+        if current != text.encode("utf-8"):
             out.append(path)
     return out
 
@@ -75,7 +75,7 @@ def write_all() -> list[Path]:
     changed = []
     for path, text in expected_files().items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        if not path.exists() or path.read_bytes() != text.encode("utf-8"):
+            path.write_text(text, encoding="utf-8")
             changed.append(path)
     return changed

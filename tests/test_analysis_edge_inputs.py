@@ -258,16 +258,22 @@ def test_a_file_that_may_be_a_missing_ranks_dump_is_incomplete_input(name, tmp_p
 
 @pytest.mark.parametrize("rank, said", [("abc", "'rank' is 'abc': not a rank"),
                                          (-3, "'rank' is -3: not a rank"),
-                                         (10**30, "not a rank"), (None, "no 'rank' key")])
+                                         (10**30, "not a rank"), ("\u00b2", "not a rank"),
+                                         ("\uff11", "not a rank"), (None, "no 'rank' key")])
 def test_a_dump_whose_rank_is_no_rank_says_what_it_holds(rank, said, tmp_path, capsys):
     """A rank that is no C int from 0 is refused, and the error says what the key held (it
-    read "the dump has no 'rank' key" for one that had it)."""
+    read "the dump has no 'rank' key" for one that had it); a null one is the file name's."""
     job = FRJob(1, flavour="gloo")
     job.repeat(2, [("0", "all_reduce", [[8]])])
     (path,) = write_dumps(job.dumps(), tmp_path, fmt="json")
     dump = json.loads(path.read_text())
     dump["rank"] = rank
-    path = path.with_name("dump.json")  # no rank in its name either
-    path.write_text(json.dumps(dump))
-    assert main(["analyze", str(path)]) == 2
-    assert said in capsys.readouterr().out
+    for name in ("dump.json", "dump_rank7.json"):
+        path = path.with_name(name)
+        path.write_text(json.dumps(dump))
+        code = main(["analyze", str(path)])
+        out = capsys.readouterr().out
+        if rank is None and name == "dump_rank7.json":  # null: the name's rank
+            assert code == 0 and "analyzed 1 rank(s): 7" in out, out
+        else:
+            assert code == 2 and said in out, out

@@ -66,15 +66,17 @@ def test_build_out_that_cannot_take_the_copies(writes, capsys, tmp_path, monkeyp
     assert (tmp_path / "afile").read_text() == "mine\n"
 
 
-def test_check_names_a_dashboard_with_trailing_spaces_stale(tmp_path, monkeypatch, capsys):
-    """A committed dashboard edited by hand (a trailing space) is stale (exit 1), though the
-    Kubernetes generator cannot restate it as it stands (its YAML block refuses the space)."""
+@pytest.mark.parametrize("edit", [b" ", b"\xff"])
+def test_check_names_a_hand_edited_dashboard_stale(tmp_path, monkeypatch, capsys, edit):
+    """A committed dashboard edited by hand (a trailing space, a byte that is no UTF-8) is
+    stale (exit 1), though the Kubernetes generator cannot restate it as it stands (its YAML
+    block refuses the space; it reads UTF-8), and the build rewrites it."""
     import shutil
 
     generated = tmp_path / "generated"
     shutil.copytree(build.GENERATED_DIR, generated)
     edited = generated / DASHBOARDS[0]
-    edited.write_text(edited.read_text() + " ")
+    edited.write_bytes(edited.read_bytes() + edit)
     k8s = dashboards_cli._kubernetes_generator()
     for name in ("PROMETHEUS_RULE", "DASHBOARD_CONFIGMAPS"):
         shutil.copy(getattr(k8s, name), tmp_path / getattr(k8s, name).name)
@@ -84,6 +86,8 @@ def test_check_names_a_dashboard_with_trailing_spaces_stale(tmp_path, monkeypatc
     monkeypatch.setattr(build, "GENERATED_DIR", generated)
     assert main(["dashboards", "build", "--check"]) == 1
     assert f"stale: {edited}" in capsys.readouterr().err
+    assert build.stale_files() == [edited]
+    assert build.write_all() == [edited] and build.stale_files() == []
 
 
 def test_build_out_cannot_be_empty_or_combined_with_check(writes, capsys):

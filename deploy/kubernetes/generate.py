@@ -133,10 +133,10 @@ def stale_files() -> list[Path]:
     stale = []
     for path, text in expected_files().items():
         try:
-            current = path.read_text(encoding="utf-8")
+            current = path.read_bytes()  # a hand edit may be no UTF-8: stale all the same
         except OSError:
             current = None
-        if current != text:
+        if current != text.encode("utf-8"):
             stale.append(path)
     return stale
 
@@ -146,7 +146,7 @@ def write_all() -> list[Path]:
     written. Raises SourceError before writing anything."""
     written = []
     for path, text in expected_files().items():
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
+        if not path.exists() or path.read_bytes() != text.encode("utf-8"):
             path.write_text(text, encoding="utf-8")
             written.append(path)
     return written

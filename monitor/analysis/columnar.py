@@ -109,8 +109,10 @@ def _header(dump: Any, rank: int | None) -> tuple[RankTrace, _Keys]:
         raise DumpFormatError(f"unsupported Flight Recorder format version {version!r} (need 2.x)")
     if not isinstance(dump.get("entries") or [], list):
         raise DumpFormatError("'entries' is not a list")
-    own_rank = dump.get("rank", rank)
-    if isinstance(own_rank, str) and own_rank.isdigit():
+    own_rank = dump.get("rank")
+    if own_rank is None:  # no key, or null: the caller's (the file name's)
+        own_rank = rank
+    if isinstance(own_rank, str) and own_rank.isascii() and own_rank.isdigit():
         own_rank = int(own_rank)
     if own_rank is None:
         raise DumpFormatError("no rank: the dump has no 'rank' key and none was given")

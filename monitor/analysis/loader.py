@@ -303,7 +303,7 @@ def check_shapes(columns: list[Sequence[Any]]) -> None:
 
 def _rank_of(raw: Any, path: str | Path) -> int:
     rank = raw.get("rank") if isinstance(raw, dict) else None
-    if isinstance(rank, str) and rank.isdigit():
+    if isinstance(rank, str) and rank.isascii() and rank.isdigit():
         rank = int(rank)
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
                              or not 0 <= rank < MAX_RANK):
