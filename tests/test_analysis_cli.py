@@ -83,6 +83,21 @@ def test_gloo_dumps_that_may_lack_the_last_ranks_are_no_healthy_verdict(tmp_path
     assert main(["analyze", "--same-host", "--world-size", "4", *map(str, paths)]) == 0
     out = capsys.readouterr().out
     assert "no dump from rank(s): 2, 3" in out and "--world-size if" not in out
+    # nor is a straggler judged among the dumps there are: said, not left to "no findings"
+    assert "no straggler check in 1 group(s) (0): some of their members left no dump" in out
+
+
+def test_gloo_dumps_with_a_finding_still_say_the_job_may_be_larger(tmp_path, capsys):
+    """A straggler found in ranks 0-5 of an eight-rank gloo job whose ranks 6 and 7 never
+    arrived (their dumps missing): the hang they would show is not seen, so the note stands."""
+    job = FRJob(8, flavour="gloo", jitter_ms=1.0, seed=3)
+    job.repeat(40, [("0", "all_reduce", [[64]])], delay_ms={1: 8.0})
+    job.collective("0", "all_reduce", [[64]], absent=[6, 7])
+    dumps = job.dumps()
+    paths = write_dumps({r: dumps[r] for r in range(6)}, tmp_path, fmt="json")
+    assert main(["analyze", "--same-host", *map(str, paths)]) == 1
+    out = capsys.readouterr().out
+    assert "[straggler]" in out and "6 rank(s), is taken from the highest rank read" in out
 
 
 def test_text_format_has_one_block_per_finding(tmp_path, capsys):

@@ -239,7 +239,7 @@ def test_straggler_on_gloo_uses_arrival_order_within_a_host():
     dumps = job.dumps()
     for rank, dump in dumps.items():
         dump["host"] = hosts[rank]
-    result = analyze(dumps)
+    result = analyze(dumps, world_size=8)
     (found,) = result.findings
     assert (found.kind, found.culprit_ranks, found.evidence) == ("straggler", [6], "host_clock")
     assert result.notes == []

@@ -22,6 +22,7 @@ UNCHECKED = {
                "can be compared (--same-host if they come from one host)",
     "own_hosts": "every rank is on a host of its own and the dumps carry no NCCL durations "
                  "(TORCH_NCCL_ENABLE_TIMING), so no two ranks' clocks can be compared",
+    "missing": "some of their members left no dump, and a rank is judged against every member",
 }
 # Dumps that loaded but hold no entry (Flight Recorder's buffer size 0: older torch's default).
 NOTHING_RECORDED = ("no collective recorded in any dump: Flight Recorder off? set TORCH_FR_BUFFER_SIZE "
@@ -32,7 +33,7 @@ NOTHING_KEPT = ("no collective entry in any dump, though their pg_status counts 
                 "with onlyActive (unfinished collectives only) or includeCollectives=False? nothing was "
                 "compared")
 # Dumps that declare no world (gloo): a job's last ranks without a dump leave no gap to see.
-WORLD_INFERRED = "taken from the highest rank read, as the dumps declare none (gloo)"
+WORLD_INFERRED = "taken from the highest rank read, as no dump declares it (gloo's do not)"
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
@@ -73,13 +74,15 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
                 findings.append(hang)
         if len(rows) == len(group_members) >= 2:
             evidence.add(key, group_members, rows, same_host, config)
+        elif len(rows) >= 2 and key in current:
+            evidence.unchecked["missing"].append(key)
     _unblame_blocked([f for f in findings if isinstance(f, HangFinding)], traces)
     stragglers, lags = evidence.findings(config)
     findings.extend(stragglers)
     findings.sort(key=lambda f: f.sort_key())
     lags.sort(key=lambda f: f.sort_key())
     notes = []
-    if inferred_world is not None and not findings:  # "healthy" had the last ranks no dump
+    if inferred_world is not None:  # the last ranks without a dump leave no gap to see
         notes.append(f"the job's size, {inferred_world} rank(s), is {WORLD_INFERRED}: pass "
                      "--world-size if it had more")
     if nothing_recorded(traces):
