@@ -248,8 +248,9 @@ class Monitor:
             self._say_torchft(view)
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
+        told = self.store.told_to_go_replica_ids()  # what this sweep's findings come after
         new = self.detectors.update(
-            evidence, dumps, now, full_view=view, evicted=self.store.told_to_go_replica_ids(),
+            evidence, dumps, now, full_view=view, evicted=told,
             lighthouse=lighthouse, blind=self.enforcer.cut_off(view, lighthouse))
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
@@ -264,9 +265,9 @@ class Monitor:
             try:
                 self.shard.after_sweep(view, evidence, now)
             finally:  # its audit log unwritable: this sweep's offences still reach the ledger
-                self._judge_hosts(view, new, now)
+                self._judge_hosts(view, new, now, told)
         else:
-            self._judge_hosts(view, new, now)
+            self._judge_hosts(view, new, now, told)
             self.enforcer.decide(view, evidence, now, lighthouse=lighthouse)
         standby = not self.enforcer.fetch_bundles  # _judge_hosts: another monitor holds it
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
@@ -299,14 +300,14 @@ class Monitor:
         self.polling.end_sweep(len(targets), t0)
         return view
 
-    def _judge_hosts(self, view: ClusterView, new: list, now: float) -> None:
+    def _judge_hosts(self, view: ClusterView, new: list, now: float, told: set[str]) -> None:
         """The host ledger's offences, policy and sinks, on a standby too: its ledger shadows the
         holder's, so a handover never leaves a quarantine nobody releases (the sinks' actions are
         idempotent). A standby sends no abort or exit and fetches no bundle; a holder whose lease
         may have lapsed still fetches bundles (docs/monitor.md)."""
         self.enforcer.standby = self.shard is not None and not self.shard.acting()
         self.enforcer.fetch_bundles = self.shard is None or self.shard.holds is not False
-        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
+        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status, told)
 
     def _say_torchft(self, view: ClusterView) -> None:
         """Once per set of versions: the job's groups run different torchfts."""

@@ -186,3 +186,21 @@ def test_a_finding_on_a_group_already_told_to_go_charges_no_host(tmp_path, job):
         assert mon.hosts.quarantined() == ["host-g1"]
     finally:
         mon.stop()
+
+
+def test_a_network_finding_on_a_group_told_to_go_still_charges_its_host(tmp_path, job):
+    """The probes measure a host's links, not the dying processes: a network finding confirmed
+    on a group already killed (a probe round asked before its kill) counts against its host."""
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
+        lighthouse=job.url, token=TOKEN, bundles=BundleConfig(enabled=False),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("straggler",)),
+        quarantine=QuarantineConfig(after={"network": 1})))
+    try:
+        view = mon.sweep_once()
+        hand_in(mon, view, [finding("straggler", 1, job, mon.clock())])
+        assert job.kills == [job.replica_ids[1]] and mon.hosts.quarantined() == []
+        hand_in(mon, view, [finding("network", 1, job, mon.clock())])
+        assert mon.hosts.quarantined() == ["host-g1"]
+    finally:
+        mon.stop()

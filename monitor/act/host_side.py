@@ -10,7 +10,15 @@ from typing import Any
 from ..detect import Finding
 from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
-from .hosts import protected_hosts
+from .hosts import HOST_KINDS, protected_hosts
+
+
+def _aftermath(f: Finding, killed: set[str], gone: set[str]) -> bool:
+    """A finding on a group the monitor had killed: its processes' end, not its host's fault
+    (of the host kinds, ``dead`` only: the probes measure a host's links, not the processes)."""
+    if f.kind in ("dead", "dead_rank"):
+        return f.replica_id in killed
+    return f.kind not in HOST_KINDS and f.replica_id in gone
 
 
 class HostSide:
@@ -33,17 +41,21 @@ class HostSide:
             return []
 
     def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
-                    lighthouse: LighthouseStatus | None = None) -> None:
+                    lighthouse: LighthouseStatus | None = None,
+                    told: set[str] | None = None) -> None:
         """Offences (a ``dead`` one once ``lighthouse``, just read, agrees: DeadGroups), the
-        quarantine policy, due sink actions on a thread (a slow sink delays no sweep); no raise."""
+        quarantine policy, due sink actions on a thread (a slow sink delays no sweep); no raise.
+        ``told``: the replica ids told to go before ``new`` was confirmed (default: now)."""
         try:
             # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
-            # its Manager gone and a bare rank still up): no host's fault. Nor is what else is
-            # confirmed on it while it dies (the survivors' wait read as a hang; a shard learns
-            # its leader's kill a sweep late): the offence that got it killed was counted then
-            killed, gone = self.store.evicted_replica_ids(), self.store.told_to_go_replica_ids()
-            new = [f for f in new if f.replica_id not in (
-                killed if f.kind in ("dead", "dead_rank") else gone)]
+            # its Manager gone and a bare rank still up): no host's fault
+            killed = self.store.evicted_replica_ids()
+            # nor is what its processes show while it dies (the survivors' wait read as a hang):
+            # the offence that got it killed counted. Told before this sweep's findings, or by
+            # a shard's leader in a copy its shard made of records read before it proposed
+            gone = self.store.told_to_go_replica_ids()
+            gone = gone if told is None else told | gone & self.store.mirrored_replica_ids()
+            new = [f for f in new if not _aftermath(f, killed, gone)]
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
                 new, {f.key for f in self.detectors.open_findings()}, view, lighthouse, killed)
             group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
