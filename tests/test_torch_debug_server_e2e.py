@@ -32,7 +32,6 @@ from tests.conftest import IN_CI
 pytestmark = pytest.mark.e2e
 
 JOB = Path(__file__).parent / "fixtures" / "torch_debug_server_job.py"
-HANG_AT = 8
 
 
 def free_port() -> int:
@@ -104,16 +103,17 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
     try:
         url_file = tmp_path / "lighthouse.url"
         # min_replicas 2: the groups start training together; with 1, a group that starts a
-        # few seconds sooner trains alone to HANG_AT and the other never forms a quorum with it
+        # few seconds sooner trains alone and the other never forms a quorum with it
         procs.append(_start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "2", "1000", "3000",
                              str(url_file), "127.0.0.1"], tmp_path / "lighthouse.log"))
         lighthouse = wait_until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
                                 what="the Lighthouse")
+        hang_file = tmp_path / "hang"
         for g in range(2):
             env = {**os.environ, "REPLICA_GROUP_ID": str(g), "RANK": "0", "WORLD_SIZE": "1",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                    "DEBUG_FRONTEND_PORT": str(free_port()), "TORCHFT_LIGHTHOUSE": lighthouse,
-                   "HANG_AT_STEP": str(HANG_AT if g == 1 else -1)}
+                   **({"HANG_FILE": str(hang_file)} if g == 1 else {})}
             procs.append(_start([sys.executable, "-u", str(JOB)], tmp_path / f"group{g}.log",
                                 env))
         ranks = procs[1:]
@@ -132,6 +132,16 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
             return False
 
         wait_until(serving, 30, interval=0.2, what="the monitor to serve")
+
+        def timed():  # both groups stepped twice since the monitor first saw them
+            got = [r["torch_only"]["timed"] for r in _get(mon_url + "/v1/ranks")
+                   if r.get("torch_only")]
+            return len(got) == 2 and all(got)
+
+        # a group the monitor first sees is held as on its first step until it steps twice
+        # (docs/torch_debug_server.md): group 1 hangs once both are timed
+        wait_until(timed, 60, interval=0.2, what="both groups timed")
+        hang_file.touch()
 
         def hang_found():
             for p in procs:

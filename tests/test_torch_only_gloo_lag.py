@@ -57,6 +57,13 @@ class Job:
         self.detectors = Detectors(DetectorConfig(hang_floor_s=1.0))
         self.states: dict[tuple[int, int], dict] = {}
 
+    def watched(self, t0: float, step: int, groups, world_size: int) -> None:
+        """The monitor saw every group step twice before ``t0``, to ``step`` (0.4-s steps): none
+        is held as on its first step."""
+        for i, s in enumerate(range(step - 2, step + 1)):
+            at = t0 - (3 - i) * 0.4
+            self.torch.adapt({}, self.who, _status(3, s, groups, world_size, at), at)
+
     def sweep(self, now: float, lighthouse: LighthouseStatus) -> list:
         polls = {self.url[k]: RankPoll(self.url[k], True, {RAW_KEY: TorchAnswer(
             ("fr_trace_json", "dump_traceback"), copy.deepcopy(d))}, at=now)
@@ -84,6 +91,7 @@ def test_a_rank_hung_outside_the_collectives_is_not_read_as_blocked_and_is_found
     dumps = _dumps("hang")
     t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
     job, groups = Job(dumps, 2), (0, 1, 2)
+    job.watched(t0, 60, groups, 2)
     found = []
     for i in range(8):
         found += job.sweep(t0 + 0.5 + i, _status(3, 60, groups, 2, t0 + i))
@@ -188,16 +196,19 @@ def test_a_group_that_joined_under_the_monitors_eyes_is_held_as_on_its_first_ste
         timed = {s["torch_only"]["timed"] for k, s in job.states.items() if k[0] == 1}
         return timed, [(f.kind, f.replica_group) for f in found if f.kind == "hang"]
 
-    assert late(joined_at=7) == ({False}, [])  # a fresh process: no collective completed
-    assert late(joined_at=7, dumps=dumps) == ({True}, [("hang", 1)])  # it had trained
+    assert late(joined_at=7) == ({False}, [])
+    # what its dumps hold tells nothing: a first step's bucket all-reduces complete too
+    assert late(joined_at=7, dumps=dumps) == ({False}, [])
     assert late(joined_at=4)[0] == {True}  # it stepped twice since it joined
+    assert late(joined_at=4, dumps=dumps) == ({True}, [("hang", 1)])
     # the same incarnation back after one quorum formed without it (it asked late), or after a
     # restarted Lighthouse listed no member: no new incarnation, nothing held
     assert late(joined_at=0, gap=(0, 2), dumps=dumps) == ({True}, [("hang", 1)])
     assert late(joined_at=0, gap=(), dumps=dumps) == ({True}, [("hang", 1)])
-    # a job that started under the monitor (its first read: no quorum yet), first seen steps
-    # in: its dumps show it trained
-    assert late(joined_at=7, before=(), dumps=dumps) == ({True}, [("hang", 1)])
+    # a job that started (or resumed at its checkpoint's step) under the monitor, first seen
+    # steps in: held alike until it steps twice
+    assert late(joined_at=7, before=(), dumps=dumps) == ({False}, [])
+    assert late(joined_at=4, before=(), dumps=dumps) == ({True}, [("hang", 1)])
 
 
 def test_a_group_back_in_a_quorum_takes_no_step_time_from_its_heal():
@@ -235,6 +246,7 @@ def test_a_first_move_of_the_lighthouses_step_is_no_step_time():
 def _hang_found(dumps: dict) -> tuple:
     t0 = max(e["time_created_ns"] for d in dumps.values() for e in d["entries"]) / 1e9
     job, found = Job(dumps, 2), []
+    job.watched(t0, 60, (0, 1, 2), 2)
     for i in range(8):
         found += job.sweep(t0 + 0.5 + 0.5 * i, _status(3, 60, (0, 1, 2), 2, t0 + 0.5 * i))
     return _wait(job.states[(1, 1)]), [(f.kind, f.replica_group, f.ranks) for f in found
@@ -299,34 +311,22 @@ def _late_in_first_sight(dumps: dict, reads_before: list, step: int) -> tuple:
             [(f.kind, f.replica_group) for f in found if f.kind == "hang"])
 
 
-def test_a_first_step_is_told_by_the_ranks_dumps_where_the_lighthouse_cannot_tell():
+def test_a_group_first_seen_is_held_until_it_steps_twice_whatever_its_dumps():
     """Where no member was seen before (a job resumed at its checkpoint's step 1000 under a
     monitor started before it, a whole job relaunched under a running one) or on the monitor's
-    first read, a group's Lighthouse step says nothing of whether it trained: a first step that
-    compiles was judged at the hang threshold (3 s) and evicted. Its ranks' dumps tell: a fresh
-    process has completed no collective of torchft's (held to --starting-timeout); one that
-    trained before the monitor looked has (named at the threshold)."""
+    first read, a group's Lighthouse step says nothing of whether it trained, and neither do its
+    dumps (a first step's bucket all-reduces complete before it ends): a first step that
+    compiles was named hung at 3 s and evicted. Held as joining at the job's step, whatever its
+    dumps hold, until it steps twice past it."""
     empty = [lambda at: LighthouseStatus(None, {}, {}, at=at)] * 8
     old = [lambda at, s=s: LighthouseStatus(7, {f"replica_group_{g}:old": QuorumMember(
         f"replica_group_{g}:old", s, f"s{g}:1", 2) for g in (0, 1, 2)}, {}, at=at)
         for s in range(1040, 1048)]  # the job's last run, other replica ids
     first, trained = _first_step(_dumps("hang")), _dumps("hang")
     for before in (empty, old, []):
-        assert _late_in_first_sight(first, before, 1000) == ({False}, []), before
-    assert _late_in_first_sight(first, [], 0) == ({False}, [])  # a monitor started in step 0
-    # trained before: a monitor (re)started mid-job, or a job's start first seen steps in
-    for before in (empty, []):
-        assert _late_in_first_sight(trained, before, 8) == ({True}, [("hang", 1)]), before
-
-
-def test_a_rank_without_a_dump_is_held_two_steps_where_the_lighthouse_cannot_tell():
-    """A rank whose recorder gave nothing (off, or its dump failed) tells nothing: its group is
-    held as one that joined at the step it was first seen at, until it steps twice."""
-    pace = StepPace(40, asked=True)
-    pace.see(40, 0.0)
-    assert not pace.timed()
-    pace.settle(False)
-    pace.see(41, 1.0)
-    assert not pace.timed()
-    pace.see(42, 2.0)
-    assert pace.timed()
+        for dumps in (first, trained):
+            assert _late_in_first_sight(dumps, before, 1000) == ({False}, []), before
+    # seen stepping twice (1000, 1001, 1002): no longer held, its hang named
+    stepping = [lambda at, s=s: _status(3, s, (0, 1, 2), 2, at) for s in (1000, 1001)]
+    for before in (empty + stepping, stepping):
+        assert _late_in_first_sight(trained, before, 1002) == ({True}, [("hang", 1)])

@@ -103,23 +103,6 @@ def _groups(dump: Mapping[str, Any]) -> dict[int, _Pg]:
     return out
 
 
-def trained(dump: Mapping[str, Any]) -> bool:
-    """Whether the rank completed a collective of torchft's across the groups, in any incarnation
-    its recorder still holds: a fresh process's first step has none (gloo marks one completed only
-    once the next is enqueued), a rank that trained before the monitor looked has. An entry
-    at or below the group's last completed says so (NCCL's count alone may be a heal's p2p)."""
-    entries, status = dump.get("entries"), dump.get("pg_status")
-    if not isinstance(entries, list) or not isinstance(status, Mapping):
-        return False
-    done = {pg_id: d for k, st in status.items() if isinstance(st, Mapping)
-            and (pg_id := _int(k)) is not None
-            and (d := _int(st.get("last_completed_collective"))) is not None and d >= 1}
-    return any(isinstance(e, Mapping) and not e.get("is_p2p")
-               and is_torchft_pg_name(recorders.pg_name(e))
-               and 1 <= (_int(e.get("collective_seq_id")) or 0) <= done.get(_int(e.get("pg_id")), 0)
-               for e in entries)
-
-
 def blocked_in(dump: Mapping[str, Any], now: float,
                past: Mapping[int, tuple[int, int]] | None = None
                ) -> tuple[str, float, Mapping] | None:
@@ -286,29 +269,20 @@ class StepPace:
     torch-only job's hang threshold was --hang-floor alone: a group 3 s late in a job of 10-s
     steps was evicted as hung."""
 
-    def __init__(self, joined_at: int | None = None, asked: bool = False) -> None:
+    def __init__(self, joined_at: int | None = None) -> None:
         self.step: int | None = None
         self.at: float | None = None  # when a sweep first saw the step move to self.step
         self.times: deque[float] = deque(maxlen=STEP_PACES)
-        # a new incarnation's: the job's step as it joined (None: it trained before)
+        # the job's step when the monitor first saw the group (None: timed from the start)
         self.joined_at = joined_at
-        # new to the monitor: whether it trained before, its ranks' first dumps tell
-        self.asked = asked
 
     def timed(self) -> bool:
-        """It committed two steps past the job's step when it joined (its heal's, then one), or
-        it trained before the monitor first saw it: a new incarnation's first step compiles
-        (held to --starting-timeout, as Lightkeeper's ranks are until they time a step past
-        their heal's)."""
-        return not self.asked and (self.joined_at is None or (self.step or 0) >= self.joined_at + 2)
-
-    def settle(self, was_trained: bool) -> None:
-        """Its ranks answered: a group that trained before is timed (a monitor started mid-job,
-        a group back from a quorum it was left out of); a fresh process is held as joining."""
-        if self.asked:
-            self.asked = False
-            if was_trained:
-                self.joined_at = None
+        """It committed two steps past the job's step when the monitor first saw it (its heal's,
+        then one): a new incarnation's first step compiles (held to --starting-timeout, as
+        Lightkeeper's ranks are until they time a step past their heal's). Neither the
+        Lighthouse's step nor a dump tells one that trained before the monitor looked from one
+        resumed at its checkpoint's step, or mid-way through its first step's collectives."""
+        return self.joined_at is None or (self.step or 0) >= self.joined_at + 2
 
     def see(self, step: int, now: float) -> None:
         if self.step is None or step == self.step:
@@ -357,15 +331,11 @@ class TorchRanks:
         dumps: dict[str, dict[str, Any]] = {}
         if lighthouse is not None:
             last, self._known = self._known, lighthouse  # the last status read
-            # A group new to the monitor joins at the job's step, if the monitor watched the job
-            # (else: a job started, resumed at its checkpoint's step or relaunched, the monitor's
-            # first read) at the step it is first seen at; whether it trained before (the
-            # Lighthouse's step cannot tell), its ranks' first dumps tell.
-            running = last is not None and any(rid in self._paces for rid in lighthouse.members)
+            # a group new to the monitor, also on its first read, joins at the job's step (a
+            # replacement heals to it, a resumed job asks its first quorum at it)
             job_step = max((m.step for m in lighthouse.members.values()), default=0)
             for rid, m in lighthouse.members.items():
-                pace = self._paces.pop(rid, None) or StepPace(
-                    job_step if running else m.step, asked=True)
+                pace = self._paces.pop(rid, None) or StepPace(job_step)
                 self._paces[rid] = pace  # newest seen last
                 if last is not None and rid not in last.members:
                     pace.at = None  # back in a quorum: its heal's jump is no step time
@@ -395,13 +365,6 @@ class TorchRanks:
                              quorum, _groups(dump) if dump is not None else {})
             except Exception as e:  # a dump of an unexpected shape: said, the rank kept
                 self._unread(polls, url, e)
-        answered: dict[str, bool] = {}  # replica id -> whether a rank's dump shows it trained
-        for who, raw, _, _ in read.values():
-            answered[who.replica_id] = answered.get(who.replica_id, False) or (
-                raw.dump is not None and trained(raw.dump))
-        for rid, was_trained in answered.items():
-            if (pace := self._paces.get(rid)) is not None:
-                pace.settle(was_trained)
         # a rank's wait judged by its group's other members too: all their dumps are here
         past = peers_past({u: (who, q, pgs) for u, (who, _, q, pgs) in read.items()})
         for url, (who, raw, _, _) in read.items():
