@@ -248,7 +248,8 @@ class Monitor:
             self._say_torchft(view)
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
-        told = self.store.told_to_go_replica_ids()  # what this sweep's findings come after
+        # the kills this sweep's findings come after (the host ledger: no offence on those)
+        told, killed = self.store.told_to_go_replica_ids(), self.store.evicted_replica_ids()
         new = self.detectors.update(
             evidence, dumps, now, full_view=view, evicted=told,
             lighthouse=lighthouse, blind=self.enforcer.cut_off(view, lighthouse))
@@ -265,9 +266,9 @@ class Monitor:
             try:
                 self.shard.after_sweep(view, evidence, now)
             finally:  # its audit log unwritable: this sweep's offences still reach the ledger
-                self._judge_hosts(view, new, now, told)
+                self._judge_hosts(view, new, now, (told, killed))
         else:
-            self._judge_hosts(view, new, now, told)
+            self._judge_hosts(view, new, now, (told, killed))
             self.enforcer.decide(view, evidence, now, lighthouse=lighthouse)
         standby = not self.enforcer.fetch_bundles  # _judge_hosts: another monitor holds it
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
@@ -300,14 +301,15 @@ class Monitor:
         self.polling.end_sweep(len(targets), t0)
         return view
 
-    def _judge_hosts(self, view: ClusterView, new: list, now: float, told: set[str]) -> None:
+    def _judge_hosts(self, view: ClusterView, new: list, now: float,
+                     before: tuple[set[str], set[str]]) -> None:
         """The host ledger's offences, policy and sinks, on a standby too: its ledger shadows the
         holder's, so a handover never leaves a quarantine nobody releases (the sinks' actions are
         idempotent). A standby sends no abort or exit and fetches no bundle; a holder whose lease
         may have lapsed still fetches bundles (docs/monitor.md)."""
         self.enforcer.standby = self.shard is not None and not self.shard.acting()
         self.enforcer.fetch_bundles = self.shard is None or self.shard.holds is not False
-        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status, told)
+        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status, before)
 
     def _say_torchft(self, view: ClusterView) -> None:
         """Once per set of versions: the job's groups run different torchfts."""

@@ -42,19 +42,21 @@ class HostSide:
 
     def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
                     lighthouse: LighthouseStatus | None = None,
-                    told: set[str] | None = None) -> None:
+                    before: tuple[set[str], set[str]] | None = None) -> None:
         """Offences (a ``dead`` one once ``lighthouse``, just read, agrees: DeadGroups), the
         quarantine policy, due sink actions on a thread (a slow sink delays no sweep); no raise.
-        ``told``: the replica ids told to go before ``new`` was confirmed (default: now)."""
+        ``before``: the replica ids told to go, and those a kill was sent for, before ``new``
+        was confirmed (default: as the audit log has them now)."""
         try:
             # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
-            # its Manager gone and a bare rank still up): no host's fault
-            killed = self.store.evicted_replica_ids()
-            # nor is what its processes show while it dies (the survivors' wait read as a hang):
-            # the offence that got it killed counted. Told before this sweep's findings, or by
-            # a shard's leader in a copy its shard made of records read before it proposed
-            gone = self.store.told_to_go_replica_ids()
-            gone = gone if told is None else told | gone & self.store.mirrored_replica_ids()
+            # its Manager gone and a bare rank still up): no host's fault; nor is what its
+            # processes show while it dies (the survivors' wait read as a hang): the offence
+            # that got it killed counted. Kills sent before this sweep's findings, or a shard's
+            # leader's in a copy its shard made of records read before it proposed
+            gone, killed = self.store.told_to_go_replica_ids(), self.store.evicted_replica_ids()
+            if before is not None:
+                mirrored = self.store.mirrored_replica_ids()
+                gone, killed = before[0] | gone & mirrored, before[1] | killed & mirrored
             new = [f for f in new if not _aftermath(f, killed, gone)]
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
                 new, {f.key for f in self.detectors.open_findings()}, view, lighthouse, killed)
