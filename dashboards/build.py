@@ -63,7 +63,7 @@ def stale_files() -> list[Path]:
     for path, text in expected_files().items():
         try:
             current = path.read_bytes()  # a hand edit may be no UTF-8: stale all the same
-        except FileNotFoundError:
+        except OSError:  # missing, or no file
             current = None
         if current != text.encode("utf-8"):
             out.append(path)

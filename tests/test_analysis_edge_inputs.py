@@ -259,7 +259,7 @@ def test_a_file_that_may_be_a_missing_ranks_dump_is_incomplete_input(name, tmp_p
 @pytest.mark.parametrize("rank, said", [("abc", "'rank' is 'abc': not a rank"),
                                          (-3, "'rank' is -3: not a rank"),
                                          (10**30, "not a rank"), ("\u00b2", "not a rank"),
-                                         ("\uff11", "not a rank"), (None, "no 'rank' key")])
+                                         ("\uff11", "not a rank"), (None, "a null 'rank'")])
 def test_a_dump_whose_rank_is_no_rank_says_what_it_holds(rank, said, tmp_path, capsys):
     """A rank that is no C int from 0 is refused, and the error says what the key held (it
     read "the dump has no 'rank' key" for one that had it); a null one is the file name's."""

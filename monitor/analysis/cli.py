@@ -338,6 +338,8 @@ def format_text(report: dict[str, Any]) -> str:
             empty = "no findings in the dumps read: incomplete input, not a healthy verdict"
         elif any(WORLD_INFERRED in n for n in notes):
             empty = f"no findings in ranks {_span(report['ranks'])} (the job's size unknown: see note)"
+        elif report["unknown_ranks"]:  # a rank that never arrived may be the one without a dump
+            empty = f"no findings in the dumps read (none from rank(s) {_span(report['unknown_ranks'])})"
         if report.get("lags") and empty.startswith("no findings"):  # a bundle's straggler may be one
             empty += f"; {len(report['lags'])} lag(s) below"
         lines.append(f"{len(findings)} finding(s)" if findings else empty)

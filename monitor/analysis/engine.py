@@ -23,6 +23,8 @@ UNCHECKED = {
     "own_hosts": "every rank is on a host of its own and the dumps carry no NCCL durations "
                  "(TORCH_NCCL_ENABLE_TIMING), so no two ranks' clocks can be compared",
     "missing": "some of their members left no dump, and a rank is judged against every member",
+    "rolled": "some members' dumps hold none of its collectives (their ring buffers rolled "
+              "past them? TORCH_FR_BUFFER_SIZE), and a rank is judged against every member",
 }
 # Dumps that loaded but hold no entry (Flight Recorder's buffer size 0: older torch's default).
 NOTHING_RECORDED = ("no collective recorded in any dump: Flight Recorder off? set TORCH_FR_BUFFER_SIZE "
@@ -75,7 +77,8 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
         if len(rows) == len(group_members) >= 2:
             evidence.add(key, group_members, rows, same_host, config)
         elif len(rows) >= 2 and key in current:
-            evidence.unchecked["missing"].append(key)
+            missing = any(r not in traces for r in group_members)
+            evidence.unchecked["missing" if missing else "rolled"].append(key)
     _unblame_blocked([f for f in findings if isinstance(f, HangFinding)], traces)
     stragglers, lags = evidence.findings(config)
     findings.extend(stragglers)

@@ -311,7 +311,8 @@ def _rank_of(raw: Any, path: str | Path) -> int:
     if rank is None:
         rank = rank_from_name(path)
     if rank is None:
-        raise DumpFormatError("no rank: no 'rank' key and no digits ending the file name")
+        key = "a null 'rank'" if isinstance(raw, dict) and "rank" in raw else "no 'rank' key"
+        raise DumpFormatError(f"no rank: {key} and no digits ending the file name")
     return rank
 
 

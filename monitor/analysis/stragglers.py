@@ -64,8 +64,9 @@ class StragglerEvidence:
         self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], tuple[str, int]] = {}  # (kind, step)
         # no two ranks' arrivals comparable, no clock shared: groups whose dumps name no host,
         # and groups whose every rank is on a host of its own
-        # ...and groups some of whose members left no dump (each is judged against every one)
-        self.unchecked: dict[str, list[GroupKey]] = {"no_host": [], "own_hosts": [], "missing": []}
+        # ...and groups some of whose members' dumps are missing or hold none of its entries
+        self.unchecked: dict[str, list[GroupKey]] = {"no_host": [], "own_hosts": [], "missing": [],
+                                                     "rolled": []}
         self.compared: set[int] = set()  # ranks whose arrivals were set against a peer's
         # ... in a torchft cross-group group; None while the dumps showed none
         self.compared_across: set[int] | None = None
