@@ -164,21 +164,32 @@ def test_a_host_fault_is_evicted_once_while_its_hosts_quarantine_is_held(tmp_pat
         mon.stop()
 
 
+def straggler_evicted(tmp_path, job: SimJob, **after: int):
+    """A monitor (--evict-on straggler, --quarantine-after ``after``) that evicted group 1 for
+    a straggler, and its view: host-g1 not quarantined."""
+    mon = Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
+        lighthouse=job.url, token=TOKEN, bundles=BundleConfig(enabled=False),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("straggler",)),
+        quarantine=QuarantineConfig(after=after)))
+    try:
+        view = mon.sweep_once()
+        hand_in(mon, view, [finding("straggler", 1, job, mon.clock())])
+        assert job.kills == [job.replica_ids[1]] and mon.hosts.quarantined() == []
+    except BaseException:
+        mon.stop()
+        raise
+    return mon, view
+
+
 def test_a_finding_on_a_group_already_told_to_go_charges_no_host(tmp_path, job):
     """A group's kill sent, its survivors wait for it until torchft drops it: a hang then
     confirmed on the dying incarnation (a shard learns its leader's kill only after its next
     sweep's detectors ran) is the kill's aftermath, not a second offence of its host: with
     --quarantine-after hang=1 it quarantined the straggler's host. Its replacement's findings
     count."""
-    mon = Monitor(MonitorConfig(
-        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
-        lighthouse=job.url, token=TOKEN, bundles=BundleConfig(enabled=False),
-        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("straggler",)),
-        quarantine=QuarantineConfig(after={"hang": 1})))
+    mon, view = straggler_evicted(tmp_path, job, hang=1)
     try:
-        view = mon.sweep_once()
-        hand_in(mon, view, [finding("straggler", 1, job, mon.clock())])
-        assert job.kills == [job.replica_ids[1]]
         hand_in(mon, view, [finding("hang", 1, job, mon.clock())])  # the dying incarnation
         assert mon.hosts.quarantined() == []
         job.replica_ids[1] = f"replica_group_1:{uuid.uuid4()}"  # its replacement, same host
@@ -191,15 +202,8 @@ def test_a_finding_on_a_group_already_told_to_go_charges_no_host(tmp_path, job):
 def test_a_network_finding_on_a_group_told_to_go_still_charges_its_host(tmp_path, job):
     """The probes measure a host's links, not the dying processes: a network finding confirmed
     on a group already killed (a probe round asked before its kill) counts against its host."""
-    mon = Monitor(MonitorConfig(
-        port=0, state_path=str(tmp_path / "m.sqlite"), targets=job.sim.urls, job="sim",
-        lighthouse=job.url, token=TOKEN, bundles=BundleConfig(enabled=False),
-        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("straggler",)),
-        quarantine=QuarantineConfig(after={"network": 1})))
+    mon, view = straggler_evicted(tmp_path, job, network=1)
     try:
-        view = mon.sweep_once()
-        hand_in(mon, view, [finding("straggler", 1, job, mon.clock())])
-        assert job.kills == [job.replica_ids[1]] and mon.hosts.quarantined() == []
         hand_in(mon, view, [finding("network", 1, job, mon.clock())])
         assert mon.hosts.quarantined() == ["host-g1"]
     finally:
