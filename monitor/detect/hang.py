@@ -177,8 +177,9 @@ class Hang:
             return threshold, {"held_s": round(held, 3), "incarnations": n} \
                 if held > longest + 1.0 else {}
         if ids != was:
-            log.warning("hang held: replica group %d rank(s) %s have not finished a step yet (a "
-                        "first step compiles); the others have waited %.0fs, held %.0fs over %d "
+            log.warning("hang held: replica group %d rank(s) %s have timed no step since the "
+                        "monitor first saw them (a first step compiles); the others have waited "
+                        "%.0fs, held %.0fs over %d "
                         "incarnation(s), judged at %.0fs (--starting-timeout)", g, ranks,
                         longest, held, n, threshold)
         return None
