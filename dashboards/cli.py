@@ -195,6 +195,9 @@ def _build(args: argparse.Namespace) -> int:
     except source_error as e:
         print(f"lightkeeper dashboards build: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a generated file's path taken by a folder, or unwritable
+        print(f"lightkeeper dashboards build: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
     for p in written:
         print(f"wrote {p}")
     copied = 0

@@ -229,3 +229,20 @@ def test_render_defaults_to_the_first_job_prometheus_has_in_the_range():
     assert asked and asked[-1]["start"] == ["100.0"] and asked[-1]["end"] == ["200.0"]
     with serve(_prometheus_with_jobs([], seen)) as url:
         assert render.Prom(url).first_job(100.0, 200.0) is None
+
+
+def test_a_folder_where_a_dashboard_goes_is_stale_and_a_one_line_build_error(
+        tmp_path, monkeypatch, capsys):
+    import shutil
+
+    generated = tmp_path / "generated"
+    shutil.copytree(build.GENERATED_DIR, generated)
+    taken = generated / DASHBOARDS[0]
+    taken.unlink()
+    taken.mkdir()
+    monkeypatch.setattr(build, "GENERATED_DIR", generated)
+    monkeypatch.setattr(dashboards_cli, "_kubernetes_generator", lambda: None)
+    assert main(["dashboards", "build", "--check"]) == 1
+    assert f"stale: {taken}" in capsys.readouterr().err
+    assert main(["dashboards", "build"]) == 2
+    assert capsys.readouterr().err == f"lightkeeper dashboards build: {taken}: Is a directory\n"
