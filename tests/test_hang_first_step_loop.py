@@ -153,7 +153,7 @@ def test_a_replacement_hung_in_every_first_step_is_named_across_its_incarnations
     assert len(held) == n - 1, held  # once an incarnation held
     slot.incarnation()  # the named one replaced: its successor is held afresh
     assert len(slot.hangs()) == 1
-    assert "replica group 2 rank(s) [4, 5] have not finished a step" in held[0]
+    assert "replica group 2 rank(s) [4, 5] have timed no step since" in held[0]
     assert "over 1 incarnation(s)" in held[0] and "over 2 incarnation(s)" in held[1]
 
 
