@@ -40,7 +40,7 @@ _CORE_KEYS = ("process_group", "profiling_name", "record_id")
 _KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
          "input_dtypes", "output_dtypes", "state", "time_created_ns", "record_id", "is_p2p")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
-MAX_RANK = 1 << 31  # torch keeps a rank in a C int
+_MAX_RANK = 1 << 31  # torch keeps a rank in a C int
 _MAX_GAP = 1 << 16  # a gap in a group's sequence ids filled with empty slots, at most
 _NUMBERS = (int, float)
 
@@ -97,6 +97,17 @@ def _flavour(first: Mapping[str, Any], last: Mapping[str, Any], durations: Seque
     return "nccl" if timed else "gloo"
 
 
+def rank_value(value: Any) -> int | None:
+    """A dump's ``rank`` (an int, or ASCII digits); None for none. Raises DumpFormatError for a
+    value that is no rank."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or not 0 <= value < _MAX_RANK):
+        raise DumpFormatError(f"'rank' is {value!r}: not a rank (an integer from 0)")
+    return value
+
+
 def _header(dump: Any, rank: int | None) -> tuple[RankTrace, _Keys]:
     """The trace of the dump without its entries, and how its entries map to group keys."""
     if not isinstance(dump, Mapping):
@@ -109,15 +120,11 @@ def _header(dump: Any, rank: int | None) -> tuple[RankTrace, _Keys]:
         raise DumpFormatError(f"unsupported Flight Recorder format version {version!r} (need 2.x)")
     if not isinstance(dump.get("entries") or [], list):
         raise DumpFormatError("'entries' is not a list")
-    own_rank = dump.get("rank")
+    own_rank = rank_value(dump.get("rank"))
     if own_rank is None:  # no key, or null: the caller's (the file name's)
-        own_rank = rank
-    if isinstance(own_rank, str) and own_rank.isascii() and own_rank.isdigit():
-        own_rank = int(own_rank)
+        own_rank = rank_value(rank)
     if own_rank is None:
         raise DumpFormatError("no rank: the dump has no 'rank' key and none was given")
-    if not isinstance(own_rank, int) or isinstance(own_rank, bool) or not 0 <= own_rank < MAX_RANK:
-        raise DumpFormatError(f"'rank' is {own_rank!r}: not a rank (an integer from 0)")
 
     scope: int | None = None
     offset = 0

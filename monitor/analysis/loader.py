@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .columnar import MAX_RANK, normalize, normalize_packed, normalize_parsed
+from .columnar import normalize, normalize_packed, normalize_parsed, rank_value
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, file_size, run_pool
 from .torchft_dumps import listed
@@ -302,12 +302,7 @@ def check_shapes(columns: list[Sequence[Any]]) -> None:
 
 
 def _rank_of(raw: Any, path: str | Path) -> int:
-    rank = raw.get("rank") if isinstance(raw, dict) else None
-    if isinstance(rank, str) and rank.isascii() and rank.isdigit():
-        rank = int(rank)
-    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
-                             or not 0 <= rank < MAX_RANK):
-        raise DumpFormatError(f"'rank' is {rank!r}: not a rank (an integer from 0)")
+    rank = rank_value(raw.get("rank") if isinstance(raw, dict) else None)
     if rank is None:
         rank = rank_from_name(path)
     if rank is None:
