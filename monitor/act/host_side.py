@@ -53,10 +53,13 @@ class HostSide:
             # processes show while it dies (the survivors' wait read as a hang): the offence
             # that got it killed counted. Kills sent before this sweep's findings, or a shard's
             # leader's in a copy its shard made of records read before it proposed
-            gone, killed = self.store.told_to_go_replica_ids(), self.store.evicted_replica_ids()
-            if before is not None:
-                mirrored = self.store.mirrored_replica_ids()
-                gone, killed = before[0] | gone & mirrored, before[1] | killed & mirrored
+            if before is None:
+                gone, killed = self.store.told_to_go_replica_ids(), self.store.evicted_replica_ids()
+            else:
+                gone, killed = before
+                if mirrored := self.store.mirrored_replica_ids():  # read again only for those
+                    gone = gone | self.store.told_to_go_replica_ids() & mirrored
+                    killed = killed | self.store.evicted_replica_ids() & mirrored
             new = [f for f in new if not _aftermath(f, killed, gone)]
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
                 new, {f.key for f in self.detectors.open_findings()}, view, lighthouse, killed)
