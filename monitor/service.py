@@ -88,8 +88,10 @@ class Monitor:
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)
         # ranks on torch's own debug server: found in the groups' stores, read as rank states
+        # (and the groups a run before timed: not held again as on their first step)
         self.torch_ranks = TorchRanks(cfg.job, StoreReader(forget_after_s=cfg.forget_after_s)
-                                      if cfg.torch_stores else None)
+                                      if cfg.torch_stores else None,
+                                      timed=self.store.torch_paces(cfg.job))
         self.polling = Polling(cfg, self.schedule, self.detectors, self._targets, clock,
                                ask_ahead=cfg.shard is None, torch_ranks=self.torch_ranks,
                                has_torch=lambda: self.discovery.has_torch)
@@ -286,6 +288,8 @@ class Monitor:
         self.polling.after_decisions(view)
         # 5. account
         self.goodput.account(evidence, self.enforcer.open_findings(), now, publish=not standby)
+        self.torch_ranks.save_paces(now, lambda paces: self.store.save_torch_paces(
+            self.cfg.job, paces))  # a restarted monitor holds no timed group again
         # 6. publish
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view = view

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -81,6 +82,9 @@ CREATE TABLE IF NOT EXISTS unreachable_ranks (
 );
 CREATE TABLE IF NOT EXISTS restart_marks (
     id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS torch_paces (
+    job TEXT PRIMARY KEY, data TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS monitor_identity (
     id INTEGER PRIMARY KEY CHECK (id = 1), value TEXT NOT NULL
@@ -331,6 +335,26 @@ class Store(GoodputTables, HostTables):
                   if len(m) == 6 and m[5] != self.job]
         self._write("INSERT OR REPLACE INTO restart_marks (id, data) VALUES (1, ?)", (json.dumps(
             [*others, *([*k, *v, self.job] for k, v in marks.items())][-1000:]),))
+
+    def torch_paces(self, job: str) -> dict[str, list[float]]:
+        """``job``'s torch-only groups a run before timed: replica id -> their step times. A
+        row that is not such a mapping is said once and read as none (each held again)."""
+        rows = self._rows("SELECT data FROM torch_paces WHERE job=?", (job,))
+        try:
+            data = json.loads(rows[0][0]) if rows else {}
+            if not isinstance(data, dict) or not all(
+                    isinstance(t, list) and all(type(x) is float and 0 < x < math.inf for x in t)
+                    for t in data.values()):
+                raise ValueError("not replica id -> step times")
+        except ValueError as e:
+            log.warning("%s: the torch-only groups' step times kept for job %s are unreadable "
+                        "(%s): each group is held again until it steps twice", self.path, job, e)
+            return {}
+        return data
+
+    def save_torch_paces(self, job: str, paces: dict[str, list[float]]) -> None:
+        self._write("INSERT OR REPLACE INTO torch_paces (job, data) VALUES (?, ?)",
+                    (job, json.dumps(paces)))
 
     def findings(self, limit: int = 500, open_only: bool = False) -> list[dict[str, Any]]:
         where = " WHERE resolved_at IS NULL" if open_only else ""

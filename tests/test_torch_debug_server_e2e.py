@@ -7,7 +7,8 @@ monitor, given only the Lighthouse and ``--torch-stores``, finds both ranks thro
 TCPStores the Lighthouse lists, verifies them, confirms the hang from their Flight Recorder
 dumps, names group 1's rank, keeps both ranks' stacks and dumps in an incident bundle that
 ``lightkeeper analyze`` reads to the same culprit, and evicts group 1 through the Lighthouse (the
-kill ends it).
+kill ends it). The hang starts while the monitor is restarted: the groups the first run timed
+stay timed.
 """
 
 from __future__ import annotations
@@ -119,11 +120,14 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
         ranks = procs[1:]
         port = free_port()
         mon_url = f"http://127.0.0.1:{port}"
-        procs.append(_start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
-                             str(port), "--lighthouse", lighthouse, "--torch-stores",
-                             "--state", str(tmp_path / "monitor.sqlite"), "--interval", "0.5",
-                             "--hang-floor", "2", "--min-replicas", "1", "--cooldown", "5"],
-                            tmp_path / "monitor.log"))
+
+        def monitor(log: str) -> None:
+            procs.append(_start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
+                                 str(port), "--lighthouse", lighthouse, "--torch-stores",
+                                 "--state", str(tmp_path / "monitor.sqlite"), "--interval",
+                                 "0.5", "--hang-floor", "2", "--min-replicas", "1",
+                                 "--cooldown", "5"], tmp_path / log))
+            wait_until(serving, 30, interval=0.2, what="the monitor to serve")
 
         def serving():
             assert procs[-1].poll() is None, "the monitor exited"
@@ -131,7 +135,7 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
                 return requests.get(mon_url + "/healthz", timeout=1).ok
             return False
 
-        wait_until(serving, 30, interval=0.2, what="the monitor to serve")
+        monitor("monitor.log")
 
         def timed():  # both groups stepped twice since the monitor first saw them
             got = [r["torch_only"]["timed"] for r in _get(mon_url + "/v1/ranks")
@@ -139,9 +143,12 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
             return len(got) == 2 and all(got)
 
         # a group the monitor first sees is held as on its first step until it steps twice
-        # (docs/torch_debug_server.md): group 1 hangs once both are timed
+        # (docs/torch_debug_server.md): group 1 hangs once both are timed, while the monitor is
+        # restarted on its --state, which keeps the groups it timed (else held to 300 s)
         wait_until(timed, 60, interval=0.2, what="both groups timed")
+        _stop(procs.pop())
         hang_file.touch()
+        monitor("monitor.restarted.log")
 
         def hang_found():
             for p in procs:

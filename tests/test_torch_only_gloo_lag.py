@@ -23,6 +23,7 @@ from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.poll.torch_server import RAW_KEY, TorchAnswer, TorchIdentity
+from monitor.store import Store
 
 FIX = Path(__file__).parent / "fixtures" / "torch-only-gloo-lag"
 
@@ -294,13 +295,16 @@ def _first_step(dumps: dict[tuple[int, int], dict]) -> dict[tuple[int, int], dic
     return out
 
 
-def _late_in_first_sight(dumps: dict, reads_before: list, step: int) -> tuple:
+def _late_in_first_sight(dumps: dict, reads_before: list, step: int,
+                         torch: TorchRanks | None = None) -> tuple:
     """Group 1 late (its rank 1 outside the collectives, the others waiting) for 4.5 s after
     ``reads_before`` (the Lighthouse as the monitor read it before: callables of the time), every
-    group at ``step``: (group 1's ``timed``, the hangs named at the defaults: 3 s, 300 s)."""
+    group at ``step``: (group 1's ``timed``, the hangs named at the defaults: 3 s, 300 s).
+    ``torch``: the monitor's TorchRanks (one restarted on a --state)."""
     t0 = max(e["time_created_ns"] for d in _dumps("hang").values() for e in d["entries"]) / 1e9
     job = Job(dumps, 2)
     job.detectors = Detectors(DetectorConfig())
+    job.torch = torch or job.torch
     for i, read in enumerate(reads_before):
         at = t0 - (len(reads_before) - i) * 0.4
         job.torch.adapt({}, job.who, read(at), at)
@@ -330,3 +334,33 @@ def test_a_group_first_seen_is_held_until_it_steps_twice_whatever_its_dumps():
     stepping = [lambda at, s=s: _status(3, s, (0, 1, 2), 2, at) for s in (1000, 1001)]
     for before in (empty + stepping, stepping):
         assert _late_in_first_sight(trained, before, 1002) == ({True}, [("hang", 1)])
+
+
+def test_a_restarted_monitor_keeps_the_groups_it_timed_and_holds_new_ones(tmp_path, caplog):
+    """A monitor restarted on its --state reads the groups the run before timed (their replica
+    ids: one incarnation each) as timed, with their step times: a group already hung at its
+    first read is named at the defaults, as under the monitor that saw it step. A replica id the
+    run before never timed (a replacement) is held as on its first step; an unreadable row holds
+    every group again, said once."""
+    state = str(tmp_path / "monitor.sqlite")
+    seen = Job(_dumps("hang"), 2)
+    seen.watched(0.0, 1000, (0, 1, 2), 2)
+    first = Store(state)
+    seen.torch.save_paces(10.0, lambda paces: first.save_torch_paces("j", paces))
+    first.close()
+    timed = Store(state).torch_paces("j")
+    assert sorted(timed) == [_rid(g) for g in (0, 1, 2)]
+    assert all(t == [pytest.approx(0.4)] for t in timed.values()), timed
+    assert _late_in_first_sight(_dumps("hang"), [], 1000, TorchRanks("j", timed=timed)) == \
+        ({True}, [("hang", 1)])
+    # the run before timed other incarnations: these are held
+    other = {rid.replace(":u", ":other"): t for rid, t in timed.items()}
+    assert _late_in_first_sight(_dumps("hang"), [], 1000, TorchRanks("j", timed=other)) == \
+        ({False}, [])
+    # another job's groups are not this one's
+    assert Store(state).torch_paces("another") == {}
+    bad = Store(state)
+    bad.save_torch_paces("j", {_rid(1): ["0.4"]})  # type: ignore[list-item]
+    with caplog.at_level("WARNING"):
+        assert bad.torch_paces("j") == {}
+    assert "held again until it steps twice" in caplog.text

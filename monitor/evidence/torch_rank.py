@@ -43,6 +43,8 @@ FR_LAST = 256
 STEP_PACES = 16
 # paces of incarnations absent from the Lighthouse's quorum kept beyond twice its members
 PACES_KEPT = 1024
+# the timed groups' step times saved (--state) at most this often, unless a group was timed
+PACES_SAVED_EVERY_S = 60.0
 
 
 def _int(v: Any) -> int | None:
@@ -302,13 +304,32 @@ class TorchRanks:
     """Each sweep's torch-only answers made rank states (:meth:`adapt`), and their dumps;
     ``stores`` (--torch-stores) finds them in their groups' TCPStores."""
 
-    def __init__(self, job: str, stores: StoreReader | None = None) -> None:
+    def __init__(self, job: str, stores: StoreReader | None = None,
+                 timed: Mapping[str, Iterable[float]] | None = None) -> None:
         self.job, self.stores = job, stores
         self.dumps: dict[str, dict[str, Any]] = {}  # URL -> adapted dump of its last answer
         # the last status read: while the Lighthouse is unreadable, "no quorum" would make
         # stuck_starting find every group and the job-wide detectors lose them
         self._known: LighthouseStatus | None = None
         self._paces: dict[str, StepPace] = {}  # replica id -> its step time, as sweeps see it
+        # groups a monitor run before timed (--state): a replica id is one incarnation (torchft
+        # adds a uuid), so one seen again has trained and is not held as on its first step
+        for rid, times in (timed or {}).items():
+            self._paces[rid] = StepPace()
+            self._paces[rid].times.extend(times)
+        self._saved: tuple[dict[str, list[float]], float] = (
+            {r: list(p.times) for r, p in self._paces.items()}, -math.inf)
+
+    def save_paces(self, now: float, save: Callable[[dict[str, list[float]]], None]) -> None:
+        """``save`` the timed groups' step times (replica id -> times) when a group was timed or
+        left since the last save, or they changed and PACES_SAVED_EVERY_S passed. A save that
+        raises is tried again the next sweep."""
+        paces = {r: list(p.times) for r, p in self._paces.items() if p.timed()}
+        saved, at = self._saved
+        if paces == saved or (paces.keys() == saved.keys() and now - at < PACES_SAVED_EVERY_S):
+            return
+        save(paces)
+        self._saved = (paces, now)
 
     def sweep(self, polls: dict[str, RankPoll], lighthouse: LighthouseStatus | None,
               now: float) -> dict[str, tuple[int, int]] | None:
