@@ -45,10 +45,16 @@ def test_a_wedged_flight_recorder_dump_does_not_starve_healthz():
         assert requests.get(srv.url + "/v1/state", headers={"User-Agent": MONITOR_AGENT},
                             timeout=5).status_code == 200
         assert time.monotonic() - t0 < 4
+        # each refused before the wedged dump ends: it waited for that one (503), or, on a
+        # loaded machine, was a paced read past the server's slots (429); one at least is a 503
+        codes = []
         for f in others:
             r = f.result(timeout=10)
-            assert r.status_code == 503 and r.headers["Retry-After"] == "1"
-            assert r.json()["status"] == 503 and "another" in r.json()["error"]
+            codes.append(r.status_code)
+            assert r.status_code in (503, 429) and r.headers["Retry-After"] == "1"
+            assert r.json()["status"] == r.status_code
+            assert r.status_code == 429 or "another" in r.json()["error"]
+        assert 503 in codes, codes
         release.set()
         assert first.result(timeout=10).status_code == 200
         # the lock is free again: the next dump is served
