@@ -98,104 +98,160 @@ def _check_bundle(mon_url: str, decision: dict, tmp_path: Path) -> None:
     assert (b["culprit_ranks"], b["analysis_agrees"]) == ([1], True), (b, report["findings"])
 
 
-def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
-    _need_tabulate()
-    procs: list[subprocess.Popen] = []
-    try:
+class TorchOnlyJob:
+    """A real Lighthouse, two one-rank groups of tests/fixtures/torch_debug_server_job.py (group
+    1 hangs once ``hang`` exists) and the monitor on --torch-stores; every process ``stop``s."""
+
+    def __init__(self, tmp_path: Path, transport: str = "http") -> None:
+        self.tmp, self.transport, self.procs = tmp_path, transport, []
+        self.hang = tmp_path / "hang"
+        self.groups: dict[int, subprocess.Popen] = {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         url_file = tmp_path / "lighthouse.url"
         # min_replicas 2: the groups start training together; with 1, a group that starts a
         # few seconds sooner trains alone and the other never forms a quorum with it
-        procs.append(_start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "2", "1000", "3000",
-                             str(url_file), "127.0.0.1"], tmp_path / "lighthouse.log"))
-        lighthouse = wait_until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
-                                what="the Lighthouse")
-        hang_file = tmp_path / "hang"
-        for g in range(2):
-            env = {**os.environ, "REPLICA_GROUP_ID": str(g), "RANK": "0", "WORLD_SIZE": "1",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-                   "DEBUG_FRONTEND_PORT": str(free_port()), "TORCHFT_LIGHTHOUSE": lighthouse,
-                   **({"HANG_FILE": str(hang_file)} if g == 1 else {})}
-            procs.append(_start([sys.executable, "-u", str(JOB)], tmp_path / f"group{g}.log",
-                                env))
-        ranks = procs[1:]
-        port = free_port()
-        mon_url = f"http://127.0.0.1:{port}"
+        self.procs.append(_start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "2", "1000",
+                                  "3000", str(url_file), "127.0.0.1"], tmp_path / "lighthouse.log"))
+        self.lighthouse = wait_until(lambda: url_file.exists() and url_file.read_text().strip(),
+                                     30, what="the Lighthouse")
 
-        def monitor(log: str) -> None:
-            procs.append(_start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
-                                 str(port), "--lighthouse", lighthouse, "--torch-stores",
-                                 "--state", str(tmp_path / "monitor.sqlite"), "--interval",
-                                 "0.5", "--hang-floor", "2", "--min-replicas", "1",
-                                 "--cooldown", "5"], tmp_path / log))
-            wait_until(serving, 30, interval=0.2, what="the monitor to serve")
+    def start_group(self, g: int, log: str) -> None:
+        env = {**os.environ, "REPLICA_GROUP_ID": str(g), "RANK": "0", "WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "DEBUG_FRONTEND_PORT": str(free_port()), "TORCHFT_LIGHTHOUSE": self.lighthouse,
+               "CHECKPOINT_TRANSPORT": self.transport,
+               **({"HANG_FILE": str(self.hang)} if g == 1 else {})}
+        self.groups[g] = _start([sys.executable, "-u", str(JOB)], self.tmp / log, env)
+        self.procs.append(self.groups[g])
 
-        def serving():
-            assert procs[-1].poll() is None, "the monitor exited"
-            with contextlib.suppress(requests.RequestException):
-                return requests.get(mon_url + "/healthz", timeout=1).ok
-            return False
+    def start_monitor(self, log: str) -> None:
+        self.procs.append(_start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
+                                  str(self.port), "--lighthouse", self.lighthouse,
+                                  "--torch-stores", "--state", str(self.tmp / "monitor.sqlite"),
+                                  "--interval", "0.5", "--hang-floor", "2", "--min-replicas",
+                                  "1", "--cooldown", "5"], self.tmp / log))
+        self.monitor = self.procs[-1]
+        wait_until(self.serving, 30, interval=0.2, what="the monitor to serve")
 
-        monitor("monitor.log")
+    def stop_monitor(self) -> None:
+        _stop(self.monitor)
+        self.procs.remove(self.monitor)
 
-        def timed():  # both groups stepped twice since the monitor first saw them
-            got = [r["torch_only"]["timed"] for r in _get(mon_url + "/v1/ranks")
-                   if r.get("torch_only")]
-            return len(got) == 2 and all(got)
+    def serving(self) -> bool:
+        assert self.monitor.poll() is None, "the monitor exited"
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(self.url + "/healthz", timeout=1).ok
+        return False
 
-        # a group the monitor first sees is held as on its first step until it steps twice
-        # (docs/torch_debug_server.md): group 1 hangs once both are timed, while the monitor is
-        # restarted on its --state, which keeps the groups it timed (else held to 300 s)
-        wait_until(timed, 60, interval=0.2, what="both groups timed")
-        _stop(procs.pop())
-        hang_file.touch()
-        monitor("monitor.restarted.log")
+    def timed(self) -> set[str]:
+        """The replica ids the monitor shows stepped twice since it first saw them (a killed
+        incarnation's row stays until it is forgotten)."""
+        return {r["replica_id"] for r in _get(self.url + "/v1/ranks")
+                if r.get("torch_only") and r["torch_only"]["timed"]}
 
-        def hang_found():
-            for p in procs:
-                assert p.poll() is None or p in ranks[1:], (p.args, p.returncode)
-            found = [f for f in _get(mon_url + "/v1/findings") if f["kind"] == "hang"]
-            return found[0] if found else None
+    def hang_found(self) -> dict | None:
+        for p in (self.procs[0], self.monitor, self.groups[0]):  # the Lighthouse first
+            assert p.poll() is None, (p.args, p.returncode)
+        found = [f for f in _get(self.url + "/v1/findings") if f["kind"] == "hang"]
+        return found[0] if found else None
 
-        finding = wait_until(hang_found, 90, interval=0.2, what="the monitor to find the hang")
-        # the culprit: group 1's rank (global rank 1), never in the all-reduce group 0 waits in
-        assert finding["replica_group"] == 1 and finding["ranks"] == [1], finding
-        assert finding["replica_id"].startswith("torch_only_1:")
-        ev = finding["evidence"]
-        assert ev["level"] == "cross_group" and ev["waiting_ranks"] == [0], ev
-        assert ev["waits"]["0"]["scope"] == "cross"
-        culprit = ev["culprits"][0]
-        assert culprit["stacks"].endswith("/handler/dump_traceback")
-        # its stacks, read through torch's handler when the hang was confirmed (the eviction
-        # ends the process): the rank stopped where the script hangs
-        assert 'torch_debug_server_job.py", line' in culprit["stacks_text"], culprit
-
-        def evicted():  # past "sending": its bundle is linked before the kill goes out
-            done = [d for d in _get(mon_url + "/v1/evictions")
-                    if d["decision"] == "evict" and d["replica_group"] == 1
-                    and d.get("status") != "sending"]
-            return done[0] if done else None
-
-        decision = wait_until(evicted, 30, interval=0.2, what="group 1 evicted")
-        assert decision["replica_id"] == finding["replica_id"]
-        _check_bundle(mon_url, decision, tmp_path)
-        # the Lighthouse's kill ends group 1's process; group 0 is left alone
-        wait_until(lambda: ranks[1].poll() is not None, 20, what="group 1 to exit")
-        assert ranks[0].poll() is None
-
-        # both ranks were read through torch's server only, verified like any other rank
-        rows = _get(mon_url + "/v1/ranks")
-        torch_rows = [r for r in rows if r["url"].startswith("torch+http://")]
-        assert sorted(r["rank"] for r in torch_rows) == [0, 1], rows
-        for r in torch_rows:
-            assert r["source"] == "torch_store" and r["torch_only"]["cannot_show"]
-            assert "fr_trace_json" in r["torch_only"]["handlers"]
-        row0 = next(r for r in torch_rows if r["rank"] == 0)
-        assert row0["verification"]["state"] == "verified", row0
-        cluster = _get(mon_url + "/v1/cluster")
-        assert cluster["torch_only"]["store_discovery"] is True
-        assert any("compute/wait" in c for c in cluster["torch_only"]["cannot_show"])
-        assert "torch&#39;s server only" in _get(mon_url + "/") or \
-            "torch's server only" in _get(mon_url + "/")
-    finally:
-        for p in reversed(procs):
+    def stop(self) -> None:
+        for p in reversed(self.procs):
             _stop(p)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """``job(transport)`` makes the test's :class:`TorchOnlyJob`, stopped after it."""
+    _need_tabulate()
+    made: list[TorchOnlyJob] = []
+
+    def make(transport: str = "http") -> TorchOnlyJob:
+        made.append(TorchOnlyJob(tmp_path, transport))
+        return made[-1]
+
+    yield make
+    for j in made:
+        j.stop()
+
+
+def test_torch_only_ranks_hang_found_and_group_evicted(job, tmp_path):
+    job = job()
+    for g in range(2):
+        job.start_group(g, f"group{g}.log")
+    job.start_monitor("monitor.log")
+    mon_url = job.url
+    # a group the monitor first sees is held as on its first step until it steps twice
+    # (docs/torch_debug_server.md): group 1 hangs once both are timed, while the monitor is
+    # restarted on its --state, which keeps the groups it timed (else held to 300 s)
+    wait_until(lambda: len(job.timed()) == 2, 60, interval=0.2, what="both groups timed")
+    job.stop_monitor()
+    job.hang.touch()
+    job.start_monitor("monitor.restarted.log")
+
+    finding = wait_until(job.hang_found, 90, interval=0.2, what="the monitor to find the hang")
+    # the culprit: group 1's rank (global rank 1), never in the all-reduce group 0 waits in
+    assert finding["replica_group"] == 1 and finding["ranks"] == [1], finding
+    assert finding["replica_id"].startswith("torch_only_1:")
+    ev = finding["evidence"]
+    assert ev["level"] == "cross_group" and ev["waiting_ranks"] == [0], ev
+    assert ev["waits"]["0"]["scope"] == "cross"
+    culprit = ev["culprits"][0]
+    assert culprit["stacks"].endswith("/handler/dump_traceback")
+    # its stacks, read through torch's handler when the hang was confirmed (the eviction
+    # ends the process): the rank stopped where the script hangs
+    assert 'torch_debug_server_job.py", line' in culprit["stacks_text"], culprit
+
+    def evicted():  # past "sending": its bundle is linked before the kill goes out
+        done = [d for d in _get(mon_url + "/v1/evictions")
+                if d["decision"] == "evict" and d["replica_group"] == 1
+                and d.get("status") != "sending"]
+        return done[0] if done else None
+
+    decision = wait_until(evicted, 30, interval=0.2, what="group 1 evicted")
+    assert decision["replica_id"] == finding["replica_id"]
+    _check_bundle(mon_url, decision, tmp_path)
+    # the Lighthouse's kill ends group 1's process; group 0 is left alone
+    wait_until(lambda: job.groups[1].poll() is not None, 20, what="group 1 to exit")
+    assert job.groups[0].poll() is None
+
+    # both ranks were read through torch's server only, verified like any other rank
+    rows = _get(mon_url + "/v1/ranks")
+    torch_rows = [r for r in rows if r["url"].startswith("torch+http://")]
+    assert sorted(r["rank"] for r in torch_rows) == [0, 1], rows
+    for r in torch_rows:
+        assert r["source"] == "torch_store" and r["torch_only"]["cannot_show"]
+        assert "fr_trace_json" in r["torch_only"]["handlers"]
+    row0 = next(r for r in torch_rows if r["rank"] == 0)
+    assert row0["verification"]["state"] == "verified", row0
+    cluster = _get(mon_url + "/v1/cluster")
+    assert cluster["torch_only"]["store_discovery"] is True
+    assert any("compute/wait" in c for c in cluster["torch_only"]["cannot_show"])
+    assert "torch&#39;s server only" in _get(mon_url + "/") or \
+        "torch's server only" in _get(mon_url + "/")
+
+
+def test_a_hang_after_a_heal_over_pgtransport_is_found(job):
+    """A group restarted into the job heals over torchft's PGTransport on the Manager's gloo
+    group: gloo counts that send/recv in ``pg_status`` and records no entry of them. A hang
+    after it is still named (the counts read as the entries' sequence ids; before, every rank
+    read as blocked in nothing and no hang was found)."""
+    job = job("pg")
+    for g in range(2):
+        job.start_group(g, f"group{g}.log")
+    job.start_monitor("monitor.log")
+    first = wait_until(lambda: len(t := job.timed()) == 2 and t, 60, interval=0.2,
+                       what="both groups timed")
+    _stop(job.groups[1])
+    job.start_group(1, "group1.restarted.log")
+    [healed] = wait_until(lambda: job.timed() - first, 90, interval=0.2,
+                          what="group 1's new incarnation healed and timed")
+    assert healed.startswith("torch_only_1:"), healed
+    log = (job.tmp / "group1.restarted.log").read_text()
+    assert "healed over PGTransport" in log, log[-2000:]
+    job.hang.touch()
+    finding = wait_until(job.hang_found, 30, interval=0.2, what="the monitor to find the hang")
+    assert (finding["replica_group"], finding["ranks"]) == (1, [1]), finding
+    assert finding["replica_id"] == healed
+    assert finding["evidence"]["waiting_ranks"] == [0], finding["evidence"]

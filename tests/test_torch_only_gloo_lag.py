@@ -17,7 +17,7 @@ import pytest
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.evidence.torch_rank import StepPace, TorchRanks
+from monitor.evidence.torch_rank import StepPace, TorchRanks, blocked_in
 from monitor.evidence.verification import Verifier
 from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
@@ -364,3 +364,29 @@ def test_a_restarted_monitor_keeps_the_groups_it_timed_and_holds_new_ones(tmp_pa
     with caplog.at_level("WARNING"):
         assert bad.torch_paces("j") == {}
     assert "held again until it steps twice" in caplog.text
+
+
+def _gloo_dump(seqs: range, done: int, enqueued: int, lib: str = "gloo") -> dict:
+    entries = [{"pg_id": 0, "collective_seq_id": s, "profiling_name": f"{lib}:all_reduce",
+                "time_created_ns": int((100 + s) * 1e9), "process_group": ["0", ""]}
+               for s in seqs]
+    return {"entries": entries, "pg_status": {"0": {
+        "last_completed_collective": str(done), "last_enqueued_collective": str(enqueued)}}}
+
+
+def test_gloo_counts_of_send_recv_read_as_the_entries_sequence_ids():
+    """As a real gloo group shows them (two processes: 3 all_reduce, 5 send/recv, more
+    all_reduce): its pg_status counts the send/recv at the next collective, and records no entry
+    of them. Past a heal over PGTransport a rank blocked in its newest all_reduce read as
+    blocked in nothing; it is blocked in it. NCCL's counts are its collectives' alone."""
+    now = 200.0
+    # the sender blocked in all_reduce 5 (counted 11), all_reduce 4 completed (counted 10)
+    assert blocked_in(_gloo_dump(range(1, 6), 10, 11), now)[2]["collective_seq_id"] == 5
+    # all of them completed: nothing
+    assert blocked_in(_gloo_dump(range(1, 6), 11, 11), now) is None
+    # gloo marks one completed when it enqueues the next: its peer's 3 (before the send/recv)
+    # completed, 4 (counted 10) not yet: as without the send/recv, blocked in 4
+    assert blocked_in(_gloo_dump(range(1, 5), 3, 10), now)[2]["collective_seq_id"] == 4
+    assert blocked_in(_gloo_dump(range(1, 5), 3, 4), now)[2]["collective_seq_id"] == 4
+    # NCCL: a count past its entries is not read so (its send/recv have entries of their own)
+    assert blocked_in(_gloo_dump(range(1, 6), 10, 11, "nccl"), now) is None

@@ -101,8 +101,24 @@ def _groups(dump: Mapping[str, Any]) -> dict[int, _Pg]:
             _int(st.get("last_enqueued_collective"))
         times = [t for e in es if (t := _created(e)) is not None]
         if done is not None and enq is not None and times:
+            done, enq = _gloo_counts(es, done, enq)
             out[pg_id] = _Pg(recorders.pg_name(es[0]), done, enq, es, min(times), max(times))
     return out
+
+
+def _gloo_counts(entries: list[Mapping], done: int, enq: int) -> tuple[int, int]:
+    """A gloo group's pg_status counts as its entries' sequence ids. gloo counts its send/recv
+    there too (a PGTransport heal's, on torchft's group), and records no entry of them: past
+    one, the counts ran ahead of every entry, and every rank read as blocked in nothing. The
+    last entry is the last enqueued; a completed one before it the newest it can be (gloo
+    marks one completed when it enqueues the next; the heal's send/recv wait complete)."""
+    last = max((s for e in entries if not e.get("is_p2p")
+                and str(e.get("profiling_name", "")).startswith("gloo:")
+                and (s := _int(e.get("collective_seq_id"))) is not None), default=None)
+    if last is None or enq <= last:
+        return done, enq
+    ahead = enq - last  # the send/recv counted before the last entry
+    return (done - ahead if done >= enq else max(done - ahead, min(done, last - 1))), last
 
 
 def blocked_in(dump: Mapping[str, Any], now: float,
