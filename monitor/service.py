@@ -112,6 +112,10 @@ class Monitor:
         self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again",
                                log=log)
         self._sweep_trouble = Trouble("sweep failed", "sweeps succeed again", logging.ERROR, log)
+        self._paces_kept = Trouble(
+            "cannot keep the torch-only groups' step times in --state (a restarted monitor "
+            "would hold them as on their first step)", "the torch-only groups' step times are "
+            "kept in --state again", log=log)
         self._torchft_said: frozenset[str] | None = None  # the mixed torchft versions logged
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
@@ -288,8 +292,12 @@ class Monitor:
         self.polling.after_decisions(view)
         # 5. account
         self.goodput.account(evidence, self.enforcer.open_findings(), now, publish=not standby)
-        self.torch_ranks.save_paces(now, lambda paces: self.store.save_torch_paces(
-            self.cfg.job, paces))  # a restarted monitor holds no timed group again
+        try:  # a restarted monitor holds no timed group again
+            self.torch_ranks.save_paces(now, lambda paces: self.store.save_torch_paces(
+                self.cfg.job, paces))
+            self._paces_kept.update(None, now)
+        except sqlite3.Error as e:  # a full disk: the sweep goes on, tried again in a minute
+            self._paces_kept.update(str(e), now)
         # 6. publish
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view = view

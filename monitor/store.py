@@ -346,7 +346,7 @@ class Store(GoodputTables, HostTables):
                     isinstance(t, list) and all(type(x) is float and 0 < x < math.inf for x in t)
                     for t in data.values()):
                 raise ValueError("not replica id -> step times")
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
             log.warning("%s: the torch-only groups' step times kept for job %s are unreadable "
                         "(%s): each group is held again until it steps twice", self.path, job, e)
             return {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -364,6 +365,10 @@ def test_a_restarted_monitor_keeps_the_groups_it_timed_and_holds_new_ones(tmp_pa
     with caplog.at_level("WARNING"):
         assert bad.torch_paces("j") == {}
     assert "held again until it steps twice" in caplog.text
+    bad.close()
+    with sqlite3.connect(state) as db:  # a hand-edited row, nested past Python's recursion
+        db.execute("UPDATE torch_paces SET data=? WHERE job='j'", ("[" * 100000 + "]" * 100000,))
+    assert Store(state).torch_paces("j") == {}
 
 
 def _gloo_dump(seqs: range, done: int, enqueued: int, lib: str = "gloo") -> dict:
@@ -390,3 +395,41 @@ def test_gloo_counts_of_send_recv_read_as_the_entries_sequence_ids():
     assert blocked_in(_gloo_dump(range(1, 5), 3, 4), now)[2]["collective_seq_id"] == 4
     # NCCL: a count past its entries is not read so (its send/recv have entries of their own)
     assert blocked_in(_gloo_dump(range(1, 6), 10, 11, "nccl"), now) is None
+
+
+def test_a_state_that_cannot_keep_the_paces_stops_no_sweep(tmp_path, monkeypatch, caplog):
+    """A full --state disk fails the timed groups' save: said once, the sweeps go on (before,
+    each sweep raised before it published), and the save is tried again a minute later, not
+    every sweep."""
+    from tests.test_loop_sweep_writes import monitor
+
+    mon, _ = monitor(str(tmp_path / "m.sqlite"), 2)
+    mon.sweep_once()
+    seen = Job(_dumps("hang"), 2)
+    seen.torch = mon.torch_ranks  # the monitor's own, timing group 0..2 as its sweeps would
+    seen.watched(0.0, 1000, (0, 1, 2), 2)
+    tries = []
+
+    def full(job: str, paces: dict) -> None:
+        tries.append(sorted(paces))
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(mon.store, "save_torch_paces", full)
+    clock = [100.0]
+    monkeypatch.setattr(mon, "clock", lambda: clock[0])
+    before = mon.sweeps
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            mon.sweep_once()
+            clock[0] += 1
+    assert mon.sweeps == before + 3 and len(tries) == 1, (mon.sweeps, tries)
+    said = [r for r in caplog.records if "cannot keep the torch-only" in r.getMessage()]
+    assert len(said) == 1 and "disk is full" in said[0].getMessage()
+    clock[0] += 60
+    mon.sweep_once()
+    assert len(tries) == 2
+    monkeypatch.undo()
+    clock = [clock[0] + 61]
+    mon.sweep_once()
+    assert sorted(Store(str(tmp_path / "m.sqlite")).torch_paces(mon.cfg.job)) == \
+        [_rid(g) for g in (0, 1, 2)]

@@ -333,19 +333,21 @@ class TorchRanks:
         for rid, times in (timed or {}).items():
             self._paces[rid] = StepPace()
             self._paces[rid].times.extend(times)
-        self._saved: tuple[dict[str, list[float]], float] = (
-            {r: list(p.times) for r, p in self._paces.items()}, -math.inf)
+        self._saved = {r: list(p.times) for r, p in self._paces.items()}
+        self._saved_at, self._save_failed = -math.inf, False
 
     def save_paces(self, now: float, save: Callable[[dict[str, list[float]]], None]) -> None:
         """``save`` the timed groups' step times (replica id -> times) when a group was timed or
         left since the last save, or they changed and PACES_SAVED_EVERY_S passed. A save that
-        raises is tried again the next sweep."""
+        raised is tried again PACES_SAVED_EVERY_S later (raising again)."""
         paces = {r: list(p.times) for r, p in self._paces.items() if p.timed()}
-        saved, at = self._saved
-        if paces == saved or (paces.keys() == saved.keys() and now - at < PACES_SAVED_EVERY_S):
+        soon = now - self._saved_at < PACES_SAVED_EVERY_S
+        if paces == self._saved or soon and (self._save_failed or
+                                              paces.keys() == self._saved.keys()):
             return
+        self._saved_at, self._save_failed = now, True
         save(paces)
-        self._saved = (paces, now)
+        self._saved, self._save_failed = paces, False
 
     def sweep(self, polls: dict[str, RankPoll], lighthouse: LighthouseStatus | None,
               now: float) -> dict[str, tuple[int, int]] | None:
