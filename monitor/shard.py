@@ -79,6 +79,7 @@ class Shards(Proposals):
                                  logging.ERROR, log)
         self._stray: str | None = None  # why its index is another --shards' (_report)
         self._leader_at = time.monotonic()  # when a leader key was last seen (or the start)
+        self._leader_seen: Any = None  # its value then ({"name", "monitor", "id"})
         self.sent_kills: set[str] = set()  # the job's kills the leader sent, any slice's
         self.proposals_made = 0
         self.leader: Leader | None = None
@@ -206,7 +207,9 @@ class Shards(Proposals):
         """Why no leader acts on this shard: no ``leader`` key under its prefix for 3 lease
         TTLs (a leader's lapse is replaced within one); None once one is seen."""
         now = time.monotonic()
-        if self.etcd.get(self.root + "leader") is not None:
+        kv = self.etcd.get(self.root + "leader")
+        self._leader_seen = kv.json() if kv is not None else None  # shown: who leads
+        if kv is not None:
             self._leader_at = now
         elif now - self._leader_at > 3 * self.cfg.lease_ttl_s:
             return (f"no leader under {self.root} for {now - self._leader_at:.0f} s: nothing acts "
@@ -342,7 +345,8 @@ class Shards(Proposals):
                 "acting": bool(self.holds) and time.monotonic() < self._holds_until,
                 "proposals_made": self.proposals_made,
                 "owned_groups": sorted({g for g, _ in self._groups.values() if self.owns(g)}),
-                "leading": bool(e and e.leading), "leader": e.leader if e else None,
+                "leading": bool(e and e.leading),
+                "leader": e.leader if e else self._leader_seen,
                 "candidate_id": e.id if e else None,
                 "leader_error": self.leader.error if self.leader else None,
                 "leader_blind": self.leader.blind if self.leader else None}

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from lightkeeper.processes import wait_until
+from monitor.api.app import create_app
 from monitor.lease import Etcd, LeaderLease
 from tests.support.monitor_sim import SimRanks
 from tests.test_monitor_shard import running_etcd
@@ -76,14 +77,17 @@ def test_a_shard_with_no_leader_under_its_prefix_says_so_until_one_appears(
         tmp_path, etcd_url):
     """No ``leader`` key under the shard's prefix for 3 lease TTLs (a leader started with
     another --etcd-prefix or --job): its error says nothing acts on its proposals; a leader
-    appearing there clears it."""
+    appearing there clears it, and the shard's page names it."""
     sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
     etcd = Etcd(etcd_url)
     mon = _shard(tmp_path, sim, etcd_url, lease_ttl_s=2)
-    leader = LeaderLease(etcd, ROOT + "leader", {"name": "leader"}, 30)
+    leader = LeaderLease(etcd, ROOT + "leader",
+                         {"name": "leader", "monitor": "http://127.0.0.1:9/"}, 30)
+    page = create_app(mon).test_client()
     try:
         mon.sweep_once()
         assert mon.cluster_json()["shard"]["error"] is None
+        assert "shard 0/1, no leader seen" in page.get("/").get_data(as_text=True)
         started = time.monotonic()
 
         def said() -> str | None:
@@ -96,6 +100,9 @@ def test_a_shard_with_no_leader_under_its_prefix_says_so_until_one_appears(
         assert _etcd_up(mon).endswith(" 0.0")
         assert leader.campaign()
         assert said() is None and _etcd_up(mon).endswith(" 1.0")
+        assert mon.cluster_json()["shard"]["leader"]["name"] == "leader"
+        assert 'shard 0/1, leader <a href="http://127.0.0.1:9/">leader</a>' in \
+            page.get("/").get_data(as_text=True)
     finally:
         mon.stop()
         leader.resign()
