@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import pytest
 import requests
 
 from lightkeeper.cluster import LocalCluster
-from lightkeeper.processes import stop_process, wait_until
+from lightkeeper.processes import free_port, stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.workers import analyze_cli, get_json, save_dumps, torchft_entries, try_state
 
@@ -53,12 +52,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 SLOW_FROM = 100  # room for the ledger's baseline before the fault, on a busy box too
 STEP_PAUSE = 0.1
 FAULT_TOKEN = "monitor-e2e-faults"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MonitorProc:

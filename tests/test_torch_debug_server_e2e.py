@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -27,18 +26,12 @@ import pytest
 import requests
 
 from lightkeeper.cluster import LIGHTHOUSE_SCRIPT
-from lightkeeper.processes import stop_process, wait_until
+from lightkeeper.processes import free_port, stop_process, wait_until
 from tests.conftest import IN_CI
 
 pytestmark = pytest.mark.e2e
 
 JOB = Path(__file__).parent / "fixtures" / "torch_debug_server_job.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _need_tabulate() -> None:
