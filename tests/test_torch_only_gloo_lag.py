@@ -25,6 +25,7 @@ from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.poll.torch_server import RAW_KEY, TorchAnswer, TorchIdentity
 from monitor.store import Store
+from tests.test_torch_server import entry
 
 FIX = Path(__file__).parent / "fixtures" / "torch-only-gloo-lag"
 
@@ -372,8 +373,7 @@ def test_a_restarted_monitor_keeps_the_groups_it_timed_and_holds_new_ones(tmp_pa
 
 
 def _gloo_dump(seqs: range, done: int, enqueued: int, lib: str = "gloo") -> dict:
-    entries = [{"pg_id": 0, "collective_seq_id": s, "profiling_name": f"{lib}:all_reduce",
-                "time_created_ns": int((100 + s) * 1e9), "process_group": ["0", ""]}
+    entries = [dict(entry(s, 0, s, "0", created_s=100 + s), profiling_name=f"{lib}:all_reduce")
                for s in seqs]
     return {"entries": entries, "pg_status": {"0": {
         "last_completed_collective": str(done), "last_enqueued_collective": str(enqueued)}}}
