@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from lightkeeper.processes import free_port
 from monitor.act.sinks import SinkConfigError, build_sink
 from monitor.act.sinks.hooks import SIGNATURE_HEADER, SlurmSink, signature_matches
 from monitor.config import QuarantineConfig
@@ -568,12 +568,6 @@ def _sbin(name: str) -> str:
         or require_binary(name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SLURM_NODES = ("n1", "n2")
 
 
@@ -605,7 +599,7 @@ SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
-SlurmctldPort={_free_port()}
+SlurmctldPort={free_port()}
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool-%n
 SlurmctldPidFile={d}/ctld.pid
@@ -619,7 +613,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmctldLogFile={d}/ctld.log
 SlurmdLogFile={d}/slurmd-%n.log
-""" + "".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={_free_port()} "
+""" + "".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={free_port()} "
               "CPUs=1 State=UNKNOWN\n" for n in SLURM_NODES)
                     + "PartitionName=p Nodes=n1,n2 Default=YES State=UP\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
