@@ -5,11 +5,16 @@ may be off from the monitor's by any amount; a new ``phase_since`` is a new save
 from __future__ import annotations
 
 import logging
+import random
 
 import pytest
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
+from tests.support.monitor_sim import rank_state
 from tests.test_monitor_detectors import T0, Job, sweep
 from tests.test_monitor_stuck_starting import TIMEOUT
 from tests.test_monitor_stuck_starting import sweep as left_out_sweep
@@ -86,3 +91,41 @@ def test_a_second_save_holds_a_left_out_group_afresh():
         assert left_out_sweep(det, job, t, phase="checkpoint", phase_since=since) == [], t
     found = left_out_sweep(det, job, 60, phase="checkpoint", phase_since=T0 - 3580)
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("stuck_starting", 1, [2, 3])]
+
+
+def test_a_groups_held_ranks_over_incremental_views_equal_them_read_afresh():
+    """Leader polling over an incremental view (a moved group's next GroupView reads only its
+    moved ranks' phases): each group's ranks in a held phase are those a fresh read of its ranks
+    finds, as ranks enter and leave saves, go dark, come back and change shape."""
+    rng = random.Random(5)
+    groups, size = 4, 3
+    targets = [Target(f"http://127.0.0.1:{9100 + r}", "static") for r in range(groups * size)]
+    states = []
+    for r in range(groups * size):
+        s = rank_state(r, r // size, step=0, quorum_id=2, participants=groups, now=T0)
+        s.update(group_rank=r % size, group_world_size=size)
+        states.append(s)
+    vb, now, down, seen_held = ViewBuilder(), T0, set(), 0
+    for sweep_no in range(200):
+        now += 1.0
+        for s in states:
+            s["step"] += rng.choice([0, 1])
+            if rng.random() < 0.2:
+                s.update(phase=rng.choice(["forward", "checkpoint", "busy", "allreduce"]),
+                         phase_since=now)
+        if rng.random() < 0.1:
+            down = {rng.randrange(len(states))} if not down else set()
+        if rng.random() < 0.05:  # a new shape: the group is grouped afresh
+            states[rng.randrange(len(states))]["num_participants"] = rng.choice([groups, 3])
+        polled = {t.url for r, t in enumerate(targets)
+                  if rng.random() < (0.9 if r % size == 0 else 0.3)}
+        polls = {t.url: RankPoll(t.url, True, data=dict(states[r])) if r not in down
+                 else RankPoll(t.url, False, reason="connection", error="refused")
+                 for r, t in enumerate(targets) if t.url in polled}
+        view = vb.update(targets, polls, now=now, polled=polled)
+        for g, gv in view.groups.items():
+            fresh = {r.url: r for r in gv.ranks
+                     if r.state and r.state["phase"] in ("checkpoint", "busy")}
+            assert gv.held == fresh, (sweep_no, g)
+            seen_held += len(fresh)
+    assert seen_held > 100

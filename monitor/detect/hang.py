@@ -130,7 +130,7 @@ class Hang:
         self._blocked: tuple | None = None  # (view, now, {rank: (scope, seconds)} blocked)
         self._longest: tuple[float, float] | None = None  # (now, seconds)
         self._saving: dict[int, float] = {}  # group -> start of the save last said held
-        self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by rank, noted as its group changes
+        self._saves = SaveClock(cfg.checkpoint_timeout_s)  # noted as its group changes
         # untimed group -> (last held, replica ids, incarnations, named, the earlier
         # incarnations' waits summed, their longest, this one's longest)
         self._first_held: dict[int, tuple] = {}
@@ -191,10 +191,10 @@ class Hang:
         self._noted_at = now
         changed, gone = self._seen.changed(view)
         for g in gone:
-            self._saves.note(g, (), now)
+            self._saves.note(g, None, now)
             self._first_held.pop(g, None)  # relaunched: its slot may be another job's
         for g in changed:
-            self._saves.note(g, [(r.rank, r.state) for r in view.groups[g].ranks], now)
+            self._saves.note(g, view.groups[g], now, reachable=False)
             if g in self._first_held and view.groups[g].reachable and not untimed(view.groups[g]):
                 del self._first_held[g]  # it trained: a later first step is held afresh
         q, groups, steps = view.quorum_id, view.groups, self.progress_steps
@@ -419,11 +419,11 @@ class Hang:
         """Every culprit answers now in a held phase (``checkpoint``, ``busy``), first seen so
         under --checkpoint-timeout ago by the monitor's clock: a group saving or running its own
         marked work (an eval) while the others wait is not hung (logged once a spell)."""
-        states = [(r, rv.state if (rv := view.rank_view(r)) and rv.reachable and rv.fresh
-                   else None) for r in ranks]
-        if not (held := self._saves.held(g, states, now)) or not held[1]:
+        now_seen = [rv if (rv := view.rank_view(r)) and rv.reachable and rv.fresh else None
+                    for r in ranks]
+        if not (held := self._saves.held(g, now_seen, now)) or not held[1]:
             return False
-        since, said = held[0], {st["phase"] for _, st in states}
+        since, said = held[0], {rv.state["phase"] for rv in now_seen}
         if self._saving.get(g) != since:
             self._saving[g] = since
             what = "write a checkpoint" if said == {"checkpoint"} else \

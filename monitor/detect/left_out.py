@@ -134,10 +134,8 @@ class LeftOut:
     def _held(self, gv: GroupView, now: float) -> bool | None:
         """Every reachable rank in a held phase (``checkpoint``, ``busy``: on purpose outside the
         collectives): True while seen so under --checkpoint-timeout ago, False past; else None."""
-        ranks = [(r.url, r.state) for r in gv.reachable]
-        self._saves.note(gv.replica_group, ranks, now)
-        held = self._saves.held(gv.replica_group, ranks, now) if ranks else None
-        return None if held is None else held[1]
+        held = self._saves.note(gv.replica_group, gv, now)
+        return None if held is None or not gv.reachable else held[1]
 
     @staticmethod
     def _answering(gv: GroupView) -> bool:

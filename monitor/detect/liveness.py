@@ -309,10 +309,9 @@ class Liveness(StuckStarting):
                                             "phase": r.state.get("phase")}
         if blocked:
             return {"blocked": blocked, "median_step_s": med}
-        g, ranks = gv.replica_group, [(r.url, r.state) for r in gv.reachable]
-        self._saves.note(g, ranks, now)
+        g = gv.replica_group
         step, at = self._stepped[g]
-        if (held := self._saves.held(g, ranks, now)) and held[1]:
+        if (held := self._saves.note(g, gv, now)) and held[1]:
             self._stepped[g] = (step, now)  # a save commits nothing on purpose
             return None
         since = max(at, min(r.unreachable_since or now for r in lost))

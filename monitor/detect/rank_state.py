@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from monitor.evidence.group import HELD_PHASES
+from monitor.evidence.rank import RankView
 from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
-
-# the phases a loop says it works outside the collectives on purpose (worker_server.checkpoint):
-# a group in one is not hung while the others wait for it, up to --checkpoint-timeout
-HELD_PHASES = ("checkpoint", "busy")
 
 
 def torch_step_seconds(view: ClusterView) -> float | None:
@@ -28,7 +26,7 @@ def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | N
     """(scope, seconds) of the wait the rank is blocked in now; (None, None) if none."""
     if type(state) is dict:
         timing = state.get("timing")
-        if type(timing) is dict and timing.get("waiting") is None:
+        if timing is None or type(timing) is dict and timing.get("waiting") is None:
             return None, None  # most answers, told without the Mapping checks
     timing = state.get("timing") if isinstance(state, Mapping) else None
     w = timing.get("waiting") if isinstance(timing, Mapping) else None
@@ -104,32 +102,43 @@ class SeenGroups:
 
 
 class SaveClock:
-    """When the monitor first saw each rank (key, state) of a group in a held phase, kept while
-    its ``phase_since`` stays: a save is aged on the monitor's clock, a rank's may be off."""
+    """When the monitor first saw each rank (by URL) of a group in a held phase, kept while its
+    ``phase_since`` stays: a save is aged on the monitor's clock, a rank's may be off."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s  # --checkpoint-timeout
-        self._seen: dict[int, dict[Hashable, tuple[Any, float]]] = {}
+        self._seen: dict[int, dict[str, tuple[Any, float]]] = {}
 
-    def note(self, g: int, ranks: Iterable[tuple[Hashable, Mapping | None]], now: float) -> None:
-        """Note group ``g``'s ranks in a held phase now, forgetting its others (none given: all)."""
-        was, seen = self._seen.pop(g, {}), {}
-        for key, st in ranks:
-            if st and st.get("phase") in HELD_PHASES:
-                since, got = st.get("phase_since"), was.get(key)
-                seen[key] = got if got and got[0] == since else (since, now)
+    def note(self, g: int, gv: GroupView | None, now: float,
+             reachable: bool = True) -> tuple[float, bool] | None:
+        """Note group ``g``'s ranks in a held phase now (``reachable``: its reachable ones, else
+        all), forgetting its others (``gv`` None: all); then :meth:`held` of those ranks."""
+        was, seen, first = self._seen.pop(g, None) or {}, {}, now
+        held = gv.held if gv is not None else {}
+        for url, r in held.items():  # the held ranks alone: every group is noted each sweep
+            if reachable and not r.reachable:
+                continue
+            since, got = r.state.get("phase_since"), was.get(url)
+            seen[url] = got = got if got and got[0] == since else (since, now)
+            first = min(first, got[1])
         if seen:
             self._seen[g] = seen
+        ranks = () if gv is None else gv.reachable if reachable else gv.ranks
+        if len(seen) < len(ranks):
+            return None  # one of them is not held
+        return first, now - first < self.timeout_s
 
-    def held(self, g: int, ranks: Iterable[tuple[Hashable, Mapping | None]],
-             now: float) -> tuple[float, bool] | None:
-        """None unless every one of ``ranks`` is in a held phase; else (when the monitor first saw
-        the oldest of these spells (``now``: not noted), whether under the timeout ago)."""
+    def held(self, g: int, ranks: Iterable[RankView | None], now: float,
+             ) -> tuple[float, bool] | None:
+        """None unless every one of ``ranks`` answered (None: not now) in a held phase; else (when
+        the monitor first saw the oldest of these spells (``now``: not noted), whether under the
+        timeout ago)."""
         seen, first = self._seen.get(g, {}), now
-        for key, st in ranks:
+        for r in ranks:
+            st = r.state if r is not None else None
             if not st or st.get("phase") not in HELD_PHASES:
                 return None
-            got = seen.get(key)
+            got = seen.get(r.url)
             if got and got[0] == st.get("phase_since"):
                 first = min(first, got[1])
         return first, now - first < self.timeout_s

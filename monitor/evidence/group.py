@@ -11,6 +11,10 @@ from typing import Any
 
 from .rank import STEP_TIMES_READ, RankView
 
+# the phases a loop says it works outside the collectives on purpose (worker_server.checkpoint):
+# a group in one is not hung while the others wait for it, up to --checkpoint-timeout
+HELD_PHASES = ("checkpoint", "busy")
+
 
 class _cached:
     """functools.cached_property without Python 3.11's lock, which all instances share (two
@@ -147,6 +151,12 @@ class GroupView:
         _carry(self)["_leader_slot"] = slot
         return out
 
+    @_cached
+    def held(self) -> dict[str, RankView]:
+        """URL -> its ranks whose last answer is in a held phase (HELD_PHASES), reachable or not;
+        a moved group's next GroupView updates it from the moved ranks alone (progressed)."""
+        return {r.url: r for r in self.ranks if r.state and r.state.get("phase") in HELD_PHASES}
+
     @_kept
     def reported_replica_ids(self) -> frozenset[str | None]:
         """The replica ids its reachable ranks report (None: a rank reporting none)."""
@@ -200,6 +210,17 @@ class GroupView:
             were = old.get(k)
             if were is not None and len(were) == n:
                 d[k] = ranks
+        held = old.get("held")
+        if held is not None:  # every group is judged each sweep: its carried ranks not read
+            held = d["held"] = held.copy()
+            for was, rv in moved:
+                st = rv.state
+                if st is was.state and rv.url not in held:
+                    continue  # carried, not held: still not
+                if st and st.get("phase") in HELD_PHASES:
+                    held[rv.url] = rv
+                else:
+                    held.pop(rv.url, None)
         step = old.get("step")
         if step is not None:
             for was, rv in moved:
