@@ -80,14 +80,16 @@ def rss_mib() -> tuple[float, float]:
     return cur, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def monitor_sweeps(urls: list[str], sweeps: int, mode: str, d: str,
-                   profile: str | None) -> tuple[list[float], list[float], int, int]:
+def monitor_sweeps(urls: list[str], sweeps: int, mode: str, d: str, profile: str | None,
+                   gc_freeze: int | None = None) -> tuple[list[float], list[float], int, int]:
     """(sweep seconds, the monitor process's CPU seconds per sweep (all its threads),
     reachable ranks, URLs polled in the last sweep)."""
     mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, f"{mode}.db"),
                                 sd_out=os.path.join(d, f"{mode}_sd.json"),  # as the CLI does
                                 poll_timeout_s=5.0, leader_polling=mode,
-                                max_targets=max(10_000, len(urls))))
+                                max_targets=max(10_000, len(urls)),
+                                **({} if gc_freeze is None else
+                                   {"gc_freeze_min_targets": gc_freeze})))
     try:
         mon.sweep_once()  # warm up: connect once, as a running monitor has
         mon.sweep_once()  # (leader polling plans from the previous sweep's view)
@@ -121,7 +123,8 @@ async def _disable(p: cProfile.Profile) -> None:
     p.disable()
 
 
-def bench(n: int, sweeps: int, modes: list[str], profile: str | None) -> dict:
+def bench(n: int, sweeps: int, modes: list[str], profile: str | None,
+          gc_freeze: int | None = None) -> dict:
     procs, urls = start_sims(n, groups=max(1, n // 8))
     try:
         poller = Poller(timeout_s=5.0, max_concurrency=1024, max_idle=n + 1024)
@@ -141,7 +144,7 @@ def bench(n: int, sweeps: int, modes: list[str], profile: str | None) -> dict:
                "load_average_before": os.getloadavg()[0]}
         with tempfile.TemporaryDirectory() as d:
             for mode in modes:
-                full, cpu, up, asked = monitor_sweeps(urls, sweeps, mode, d, profile)
+                full, cpu, up, asked = monitor_sweeps(urls, sweeps, mode, d, profile, gc_freeze)
                 key = "sweep" if mode == "off" else "leader"
                 row.update({f"{key}_median_s": statistics.median(full),
                             f"{key}_max_s": max(full), f"{key}_up": up,
@@ -161,13 +164,15 @@ def main() -> int:
                    help="leader polling modes to measure: off (every rank), on (leaders)")
     p.add_argument("--profile", default=None,
                    help="write cProfile stats of the monitor's sweeps to PREFIX.<mode>.*.pstats")
+    p.add_argument("--gc-freeze-min-targets", type=int, default=None,
+                   help="the monitor's gc_freeze_min_targets (default: its config's)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     raise_fd_limit()
     modes = args.modes.split(",")
     rows = []
     for n in args.sizes.split(","):
-        rows.append(bench(int(n), args.sweeps, modes, args.profile))
+        rows.append(bench(int(n), args.sweeps, modes, args.profile, args.gc_freeze_min_targets))
         print(json.dumps(rows[-1]), flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'ranks':>7} {'answered':>8} {'poll median':>12} {'poll max':>9} "

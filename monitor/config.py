@@ -366,7 +366,7 @@ class MonitorConfig:
                                     "between polls of a non-leader rank")
     leader_polling_min_ranks: int = 2000
     poll_process_min_targets: int = 50_000  # the poller in its own process, asking ahead
-    gc_freeze_min_targets: int = 20_000  # no cyclic GC during a sweep; survivors frozen
+    gc_freeze_min_targets: int = 10_000  # no cyclic GC during a sweep; survivors frozen
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)

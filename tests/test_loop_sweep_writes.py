@@ -105,7 +105,7 @@ def test_thousands_of_ranks_lost_at_once_are_kept_in_one_commit(tmp_path, statem
 
 
 def test_a_failed_sweep_at_scale_leaves_the_collector_on(tmp_path, monkeypatch):
-    """From 20,000 targets the collector is off during a sweep; a sweep that raises (the state
+    """From 10,000 targets the collector is off during a sweep; a sweep that raises (the state
     file full: every sweep raises, the monitor goes on) turns it on again, and what it could
     not keep is kept by the next sweep that can."""
     path = str(tmp_path / "state.sqlite")
@@ -113,7 +113,7 @@ def test_a_failed_sweep_at_scale_leaves_the_collector_on(tmp_path, monkeypatch):
     was_enabled = gc.isenabled()
     try:
         mon.sweep_once()
-        mon.polling.end_sweep(20_000, time.perf_counter())  # a sweep of 20,000 ended: frozen
+        mon.polling.end_sweep(10_000, time.perf_counter())  # a sweep of 10,000 ended: frozen
         assert gc.isenabled()
         ranks.down = True
         keep = mon.store.keep_unreachable
