@@ -94,6 +94,7 @@ class Polling:
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self._fd_advised = False
         self._fr_refused: set[str] = set()  # ranks whose refused dump was said (said once)
+        self._closed = False
 
     def collect(self, view: ClusterView | None) -> tuple[list[Target], Plan, dict[str, RankPoll]]:
         """This sweep's targets, plan and answers (``view``: the last sweep's), asked ahead if
@@ -159,7 +160,8 @@ class Polling:
         """From ``gc_freeze_min_targets`` on, freeze what survived the sweep (``started``:
         perf_counter), with a full collection every GC_FULL_EVERY sweeps."""
         self._last_sweep_s = time.perf_counter() - started
-        if n_targets < self.cfg.gc_freeze_min_targets:
+        # closed: a sweep outlasting stop()'s wait would freeze what no one thaws again
+        if n_targets < self.cfg.gc_freeze_min_targets or self._closed:
             self._thaw_gc()
             return
         self._gc_frozen += 1
@@ -188,6 +190,7 @@ class Polling:
         return stop.wait(max(0.0, next_start - time.monotonic()))
 
     def close(self) -> None:
+        self._closed = True
         self._thaw_gc()
         self.poller.close()
         self.torch.close()

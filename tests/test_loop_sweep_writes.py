@@ -136,3 +136,24 @@ def test_a_failed_sweep_at_scale_leaves_the_collector_on(tmp_path, monkeypatch):
         gc.unfreeze()
         if was_enabled:
             gc.enable()
+
+
+def test_a_sweep_ending_after_the_monitor_stopped_leaves_nothing_frozen(tmp_path):
+    """stop() waits 30 s for the loop, then closes the poller (which thaws the collector); a
+    sweep still running then ends after it and must not freeze its survivors again."""
+    mon, _ = monitor(str(tmp_path / "state.sqlite"), 2 * SIZE)
+    was_enabled = gc.isenabled()
+    try:
+        mon.sweep_once()
+        mon.polling.end_sweep(10_000, time.perf_counter())  # frozen from now on
+        mon.polling.collect(mon.view)  # the loop's next sweep begins: the collector off
+        assert not gc.isenabled()
+        mon.polling.close()  # stop() gave up waiting for the loop
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        mon.polling.end_sweep(10_000, time.perf_counter())  # that sweep ends after
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        mon.stop()
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
