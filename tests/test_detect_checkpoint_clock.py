@@ -12,9 +12,8 @@ import pytest
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.evidence.view import ViewBuilder
-from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
-from tests.support.monitor_sim import rank_state
+from tests.support.views import job_ranks
 from tests.test_monitor_detectors import T0, Job, sweep
 from tests.test_monitor_stuck_starting import TIMEOUT
 from tests.test_monitor_stuck_starting import sweep as left_out_sweep
@@ -99,12 +98,7 @@ def test_a_groups_held_ranks_over_incremental_views_equal_them_read_afresh():
     finds, as ranks enter and leave saves, go dark, come back and change shape."""
     rng = random.Random(5)
     groups, size = 4, 3
-    targets = [Target(f"http://127.0.0.1:{9100 + r}", "static") for r in range(groups * size)]
-    states = []
-    for r in range(groups * size):
-        s = rank_state(r, r // size, step=0, quorum_id=2, participants=groups, now=T0)
-        s.update(group_rank=r % size, group_world_size=size)
-        states.append(s)
+    targets, states = job_ranks(groups, size, T0)
     vb, now, down, seen_held = ViewBuilder(), T0, set(), 0
     for sweep_no in range(200):
         now += 1.0

@@ -17,11 +17,9 @@ import pytest
 
 from monitor.evidence.view import RankView, ViewBuilder
 from monitor.goodput import CAUSES, GoodputConfig, GoodputLedger
-from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.store import Store
-from tests.support.monitor_sim import rank_state
-from tests.support.views import scratch_view
+from tests.support.views import job_ranks, scratch_view
 
 STEP = 0.2  # healthy step time of the model job (s)
 T0 = 1_700_000_000.0
@@ -821,12 +819,7 @@ def test_a_ledger_over_incremental_views_equals_one_over_views_built_afresh():
     slow groups, restarts, ranks going dark, a world size change and odd commit values."""
     rng = random.Random(9)
     groups, size = 5, 3
-    targets = [Target(f"http://127.0.0.1:{9100 + r}", "static") for r in range(groups * size)]
-    states = []
-    for r in range(groups * size):
-        s = rank_state(r, r // size, step=0, quorum_id=2, participants=groups, now=T0)
-        s.update(group_rank=r % size, group_world_size=size, commits=0)
-        states.append(s)
+    targets, states = job_ranks(groups, size, T0, commits=0)
     vb = ViewBuilder()
     inc, ref = GoodputLedger(GoodputConfig()), GoodputLedger(GoodputConfig())
     now, down = T0, set()
