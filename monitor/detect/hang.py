@@ -191,10 +191,10 @@ class Hang:
         self._noted_at = now
         changed, gone = self._seen.changed(view)
         for g in gone:
-            self._saves.note(g, None, now)
+            self._saves.forget(g)
             self._first_held.pop(g, None)  # relaunched: its slot may be another job's
         for g in changed:
-            self._saves.note(g, view.groups[g], now, reachable=False)
+            self._saves.note(view.groups[g], now, reachable=False)
             if g in self._first_held and view.groups[g].reachable and not untimed(view.groups[g]):
                 del self._first_held[g]  # it trained: a later first step is held afresh
         q, groups, steps = view.quorum_id, view.groups, self.progress_steps

@@ -134,7 +134,7 @@ class LeftOut:
     def _held(self, gv: GroupView, now: float) -> bool | None:
         """Every reachable rank in a held phase (``checkpoint``, ``busy``: on purpose outside the
         collectives): True while seen so under --checkpoint-timeout ago, False past; else None."""
-        held = self._saves.note(gv.replica_group, gv, now)
+        held = self._saves.note(gv, now)
         return None if held is None or not gv.reachable else held[1]
 
     @staticmethod

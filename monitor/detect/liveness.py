@@ -311,7 +311,7 @@ class Liveness(StuckStarting):
             return {"blocked": blocked, "median_step_s": med}
         g = gv.replica_group
         step, at = self._stepped[g]
-        if (held := self._saves.note(g, gv, now)) and held[1]:
+        if (held := self._saves.note(gv, now)) and held[1]:
             self._stepped[g] = (step, now)  # a save commits nothing on purpose
             return None
         since = max(at, min(r.unreachable_since or now for r in lost))

@@ -109,24 +109,25 @@ class SaveClock:
         self.timeout_s = timeout_s  # --checkpoint-timeout
         self._seen: dict[int, dict[str, tuple[Any, float]]] = {}
 
-    def note(self, g: int, gv: GroupView | None, now: float,
-             reachable: bool = True) -> tuple[float, bool] | None:
-        """Note group ``g``'s ranks in a held phase now (``reachable``: its reachable ones, else
-        all), forgetting its others (``gv`` None: all); then :meth:`held` of those ranks."""
-        was, seen, first = self._seen.pop(g, None) or {}, {}, now
-        held = gv.held if gv is not None else {}
-        for url, r in held.items():  # the held ranks alone: every group is noted each sweep
+    def note(self, gv: GroupView, now: float, reachable: bool = True) -> tuple[float, bool] | None:
+        """Note ``gv``'s ranks in a held phase now (``reachable``: its reachable ones, else all),
+        forgetting its others; then :meth:`held` of those ranks."""
+        was, seen, first = self._seen.pop(gv.replica_group, None) or {}, {}, now
+        for url, r in gv.held.items():  # the held ranks alone: every group is noted each sweep
             if reachable and not r.reachable:
                 continue
             since, got = r.state.get("phase_since"), was.get(url)
             seen[url] = got = got if got and got[0] == since else (since, now)
             first = min(first, got[1])
         if seen:
-            self._seen[g] = seen
-        ranks = () if gv is None else gv.reachable if reachable else gv.ranks
-        if len(seen) < len(ranks):
+            self._seen[gv.replica_group] = seen
+        if len(seen) < len(gv.reachable if reachable else gv.ranks):
             return None  # one of them is not held
         return first, now - first < self.timeout_s
+
+    def forget(self, g: int) -> None:
+        """Group ``g`` is gone: its next spell is seen afresh."""
+        self._seen.pop(g, None)
 
     def held(self, g: int, ranks: Iterable[RankView | None], now: float,
              ) -> tuple[float, bool] | None:
