@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from monitor.evidence.group import HELD_PHASES
+from monitor.evidence.group import in_held_phase
 from monitor.evidence.rank import RankView
 from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
@@ -129,15 +129,15 @@ class SaveClock:
         """Group ``g`` is gone: its next spell is seen afresh."""
         self._seen.pop(g, None)
 
-    def held(self, g: int, ranks: Iterable[RankView | None], now: float,
-             ) -> tuple[float, bool] | None:
+    def held(self, g: int, ranks: Iterable[RankView | None],
+             now: float) -> tuple[float, bool] | None:
         """None unless every one of ``ranks`` answered (None: not now) in a held phase; else (when
         the monitor first saw the oldest of these spells (``now``: not noted), whether under the
         timeout ago)."""
         seen, first = self._seen.get(g, {}), now
         for r in ranks:
             st = r.state if r is not None else None
-            if not st or st.get("phase") not in HELD_PHASES:
+            if not in_held_phase(st):
                 return None
             got = seen.get(r.url)
             if got and got[0] == st.get("phase_since"):

@@ -16,6 +16,11 @@ from .rank import STEP_TIMES_READ, RankView
 HELD_PHASES = ("checkpoint", "busy")
 
 
+def in_held_phase(state: dict[str, Any] | None) -> bool:
+    """The rank's answer says it is in a held phase (HELD_PHASES)."""
+    return bool(state) and state.get("phase") in HELD_PHASES
+
+
 class _cached:
     """functools.cached_property without Python 3.11's lock, which all instances share (two
     threads computing a value get the same value)."""
@@ -155,7 +160,7 @@ class GroupView:
     def held(self) -> dict[str, RankView]:
         """URL -> its ranks whose last answer is in a held phase (HELD_PHASES), reachable or not;
         a moved group's next GroupView updates it from the moved ranks alone (progressed)."""
-        return {r.url: r for r in self.ranks if r.state and r.state.get("phase") in HELD_PHASES}
+        return {r.url: r for r in self.ranks if in_held_phase(r.state)}
 
     @_kept
     def reported_replica_ids(self) -> frozenset[str | None]:
@@ -217,7 +222,7 @@ class GroupView:
                 st = rv.state
                 if st is was.state and rv.url not in held:
                     continue  # carried, not held: still not
-                if st and st.get("phase") in HELD_PHASES:
+                if in_held_phase(st):
                     held[rv.url] = rv
                 else:
                     held.pop(rv.url, None)
