@@ -21,7 +21,7 @@ def test_an_evicted_incarnation_going_is_no_dead_finding_a_crash_beside_it_is():
 
     def sweep(now):
         view = job.view(now)
-        return det.update(view, None, now, evicted=evicted)
+        return det.update(view.evidence(), None, now, full_view=view, evicted=evicted)
 
     sweep(T0)
     job.down = {2}  # the kill ends group 1's Manager (rank 0) first

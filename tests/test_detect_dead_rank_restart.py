@@ -17,6 +17,7 @@ import pytest
 from monitor.config import DetectorConfig, MonitorConfig
 from monitor.detect import Detectors
 from monitor.evidence.rank import last_known
+from monitor.evidence.verification import Verifier
 from monitor.evidence.view import ViewBuilder
 from monitor.poll.poller import STATE_PATH, RankPoll
 from monitor.service import Monitor
@@ -26,13 +27,15 @@ from tests.test_monitor_detectors import Job, sweep
 
 
 def restart(job: Job, down: list[int]) -> Detectors:
-    """A restarted monitor whose last run kept ``down``'s last states and no mark (it died
-    before writing one, or never saw their Manager answer while they were down)."""
+    """A restarted monitor (a fresh ViewBuilder, Verifier and Detectors) whose last run kept
+    ``down``'s last states and verdicts, as Unreachable.keep does, and no mark (it died before
+    writing one, or never saw their Manager answer while they were down)."""
     kept = {}
     for r in down:
         rv = job.vb._ranks[job.targets[r].url]
-        kept[rv.url] = (rv.unreachable_since, last_known(rv.state), None)
-    job.vb = ViewBuilder()
+        kept[rv.url] = (rv.unreachable_since, last_known(rv.state),
+                        rv.trust.to_dict() if rv.trust else None)
+    job.vb, job.verifier = ViewBuilder(), Verifier()
     job.vb.seed(kept)
     return Detectors(DetectorConfig())
 

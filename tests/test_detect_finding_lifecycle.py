@@ -10,7 +10,7 @@ import pytest
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
-from tests.test_monitor_detectors import T0, Job, run, sweep
+from tests.test_monitor_detectors import T0, Job, run, sweep, update
 
 
 def test_one_sweep_the_monitor_misses_a_straggler_group_keeps_its_finding():
@@ -181,7 +181,7 @@ def test_a_job_stall_left_behind_by_a_restart_from_a_checkpoint_is_resolved(chec
         now += 1.0
         job.steps(per_sweep, now=now, noise=0.01)
         view = job.view(now)
-        det.update(view, None, now)
+        det.update(view.evidence(), None, now, full_view=view)
         det.network(view, cut_round(hosts, {"host-g1"}, now), now, None)
     assert f.resolution == "restarted" and det.job_findings() == []
     assert [x for x in det.open_findings() if x.kind == "network"] == []
@@ -302,8 +302,8 @@ def test_a_monitor_told_it_is_blind_closes_no_finding_of_the_groups_it_misses():
     job.down = set(job.members(1)) | set(job.members(2))
     for _ in range(3):
         now += 1.0
-        det.update(job.view(now), None, now, blind="reaches 33% of the ranks")
+        update(det, job, now, blind="reaches 33% of the ranks")
     assert f.resolved_at is None
     now += 1.0
-    det.update(job.view(now), None, now)
+    update(det, job, now)
     assert f.resolution == "left_job"

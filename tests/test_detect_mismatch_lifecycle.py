@@ -8,7 +8,7 @@ from monitor.analysis import analyze
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from tests.support.frgen import FRJob
-from tests.test_monitor_detectors import T0, Job, run, sweep
+from tests.test_monitor_detectors import T0, Job, run, sweep, update
 
 
 def mismatched(**cfg) -> tuple[Job, Detectors, list[int]]:
@@ -85,8 +85,7 @@ def test_a_look_that_could_not_see_the_mismatch_says_nothing():
     job, det, _ = mismatched()
     healthy_recorders(job)
     now = T0 + 2
-    view = job.view(now)
-    det.update(view, job.dumps(), now)  # no step committed since it was seen
+    update(det, job, now, job.dumps())  # no step committed since it was seen
     assert open_kinds(det) == [("mismatch", 1)]
     job.steps(3, now=now)
     partial = [{r: d for r, d in job.dumps().items() if r != 1},  # the culprit's dump missing
@@ -94,13 +93,13 @@ def test_a_look_that_could_not_see_the_mismatch_says_nothing():
                {r: d for r, d in job.dumps().items() if r == 1}]  # no other side to compare
     for dumps in partial:
         now += 1.0
-        det.update(job.view(now), dumps, now)
+        update(det, job, now, dumps)
         assert open_kinds(det) == [("mismatch", 1)]
     now += 1.0
-    det.update(job.view(now), None, now)  # no look at all
+    update(det, job, now)  # no look at all
     assert open_kinds(det) == [("mismatch", 1)]
     now += 1.0
-    det.update(job.view(now), job.dumps(), now)
+    update(det, job, now, job.dumps())
     assert open_kinds(det) == []
     assert det.resolved_findings()[-1].resolution == "no_longer_seen"
 

@@ -85,6 +85,6 @@ def test_dumps_added_after_the_early_check_are_analysed_again(monkeypatch):
     runs.clear()
     assert det.in_group_hangs(view, dumps, now) == {1}
     dumps.update(every)
-    found = det.update(view, dumps, now)
+    found = det.update(view.evidence(), dumps, now, full_view=view)
     assert runs == [[2, 3], list(range(job.world))]
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 1, [3])]

@@ -22,7 +22,7 @@ import pytest
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.poll.poller import RankPoll, judge_body
-from tests.test_monitor_detectors import T0, Job
+from tests.test_monitor_detectors import T0, Job, update
 from worker_server.packed import state_packed
 
 FORWARD, AR = 0.2, 0.01
@@ -35,7 +35,7 @@ class QuorumJob(Job):
     def live(self, r: int) -> bool:
         return self.active is None or r // self.ranks in self.active
 
-    def view(self, now: float, judge=None):
+    def polls(self, now: float):
         """Every live rank's answer as a WorkerServer serves it asked ``packed=1``."""
         polls = {t.url: RankPoll(t.url, False, reason="timeout", error="timed out", at=now)
                  if r // self.ranks in self.fail else
@@ -43,8 +43,7 @@ class QuorumJob(Job):
                             0.0, now, state=True)
                  for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True))
                  if self.live(r)}
-        targets = [t for r, t in enumerate(self.targets) if self.live(r)]
-        return self.vb.update(targets, polls, now=now, judge=judge)
+        return [t for r, t in enumerate(self.targets) if self.live(r)], polls
 
     def model(self, pre, rng, *, use_async=False, net=0.0, old=(), bad=()) -> None:
         """One step: rank (g, r) works ``pre(g, r)`` s before its quorum call, then forward; the
@@ -92,8 +91,7 @@ def job_slow(groups: int, ranks: int, pre_slow, *, pre_base=None, use_async=Fals
             job.model(pre_slow if slow else pre_base, rng, use_async=use_async,
                       net=net if slow else 0.0, old=old, bad=bad)
         job.steps(0, now=now)  # the states' step, step times and phase; no rows
-        view = job.view(now)
-        opened += [f for f in det.update(view, None, now) if f.kind != "job_slow"
+        opened += [f for f in update(det, job, now) if f.kind != "job_slow"
                    and not (named and before_quorum(f))]
         for f in det.open_findings():
             if f.kind == "job_slow":
@@ -202,7 +200,7 @@ def phased(groups: int, ranks: int, phases: list[dict], *, use_async: bool,
             for _ in range(6):
                 job.model(ph["pre"], rng, use_async=use_async, net=ph.get("net", 0.0))
             job.steps(0, now=now)
-            assert [f.kind for f in det.update(job.view(now), None, now)
+            assert [f.kind for f in update(det, job, now)
                     if f.kind != "job_slow" and not (named and before_quorum(f))] == []
             seen += [dict(f.evidence) for f in det.open_findings() if f.kind == "job_slow"]
     return seen

@@ -4,8 +4,10 @@ finding, who is named, and what does not count.
 The job here is what a real FT-HSDP job serves (3 replica groups x 2 ranks unless a test says
 otherwise): every rank's ``/v1/state`` with ``timing.recent`` (its own per-step compute and wait
 seconds, on its own clock) and a gloo Flight Recorder dump with the replica group's own process
-group ``"0"`` (FSDP's collectives) and torchft's cross-group incarnation. The real thing is tested
-end to end in tests/test_monitor_e2e_multirank.py.
+group ``"0"`` (FSDP's collectives) and torchft's cross-group incarnation. Each sweep's view is
+built as the service builds it: the real Verifier judges the ranks against the Lighthouse of the
+quorum they claim, and the detectors read the evidence view. The real thing is tested end to end
+in tests/test_monitor_e2e_multirank.py.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from monitor.detect import Detectors
 from monitor.detect.mismatch import departs_from_step_pattern
 from monitor.detect.rank_state import rank_groups
 from monitor.detect.straggler import is_late_window, straggler_lags
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.evidence.verification import Verifier
 from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.packed_state import pack_state
@@ -33,6 +37,7 @@ from tests.support.monitor_sim import rank_state
 from tests.support.views import scratch_view
 
 T0 = 1_795_000_000.0
+VERIFIED = object()  # Job.view's default judge: the real Verifier
 # FSDP's in-group collectives of one step (3 units: gathered in forward, again in backward, then
 # reduce-scattered): several sizes of one op, as in a real dump
 IN_GROUP_STEP = [("all_gather", [[300]]), ("all_gather", [[1000]]), ("all_gather", [[1000]]),
@@ -66,7 +71,7 @@ class Job:
                      local_rank=r % ranks, timing={"recent": [], "waiting": None,
                                                    "last_step": None, "window": None})
             self.states.append(s)
-        self.vb = ViewBuilder()
+        self.vb, self.verifier = ViewBuilder(), Verifier()
         self.targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(self.world)]
         self.down: set[int] = set()
         self.step = 0
@@ -115,11 +120,37 @@ class Job:
     def members(self, g: int) -> list[int]:
         return list(range(g * self.ranks, (g + 1) * self.ranks))
 
-    def view(self, now: float, judge=None):
-        polls = {t.url: (RankPoll(t.url, True, data=kept(s)) if r not in self.down
-                         else RankPoll(t.url, False, reason="connection", error="refused"))
-                 for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True))}
-        return self.vb.update(self.targets, polls, now=now, judge=judge)
+    def lighthouse(self, targets: list[Target]) -> LighthouseStatus:
+        """The Lighthouse of the quorum ``targets``' ranks claim: every replica id they report
+        (those the monitor cannot reach too: a quorum lasts until the next), each heartbeating."""
+        urls = {t.url for t in targets}
+        states = [s for t, s in zip(self.targets, self.states, strict=True) if t.url in urls]
+        ids = {s["replica_id"]: s["group_world_size"] for s in states
+               if isinstance(s.get("replica_id"), str)}
+        quorum = max((s["quorum_id"] for s in states
+                      if isinstance(s.get("quorum_id"), int)), default=None)
+        return LighthouseStatus(quorum, {i: QuorumMember(i, self.step, "", n)
+                                         for i, n in ids.items()}, {i: 0.1 for i in ids})
+
+    def polls(self, now: float) -> tuple[list[Target], dict[str, RankPoll]]:
+        """The sweep's targets and the poller's answers (those in ``down`` refuse)."""
+        return self.targets, {
+            t.url: (RankPoll(t.url, True, data=kept(s)) if r not in self.down
+                    else RankPoll(t.url, False, reason="connection", error="refused"))
+            for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True))}
+
+    def view(self, now: float, judge=VERIFIED):
+        """The sweep's view as the service builds it: verified (``judge`` VERIFIED) against
+        :meth:`lighthouse`, or by ``judge`` (None: no verdicts)."""
+        targets, polls = self.polls(now)
+        if judge is VERIFIED:
+            judge = self.verified_by(self.lighthouse(targets), now)
+        return self.vb.update(targets, polls, now=now, judge=judge)
+
+    def verified_by(self, lighthouse: LighthouseStatus, now: float):
+        """The real Verifier's judge against ``lighthouse``, as the service's."""
+        return lambda ranks, changed: self.verifier.judge(ranks, changed, lighthouse, None,
+                                                          True, now)
 
     def dumps(self):
         return {r: d for r, d in self.fr.dumps().items() if r not in self.down}
@@ -131,10 +162,21 @@ class Job:
             s["phase"] = phase
 
 
+def update(det: Detectors, job: Job, now: float, dumps=None, **kw) -> list:
+    """``det.update`` over ``job``'s view at ``now`` as the service calls it: the evidence view,
+    the whole view beside it; a ``lighthouse`` given the detectors verifies the ranks too."""
+    lighthouse = kw.get("lighthouse")
+    view = job.view(now) if lighthouse is None else job.view(now, job.verified_by(lighthouse, now))
+    return det.update(view.evidence(), dumps, now, full_view=view, **kw)
+
+
 def sweep(det: Detectors, job: Job, now: float, full=None):
+    """One sweep as the service runs it: Flight Recorder dumps when the detectors want them."""
     view = job.view(now)
-    wanted = det.fr_wanted(view, now)
-    return det.update(view, job.dumps() if wanted else None, now, full_view=full)
+    evidence = view.evidence()
+    wanted = det.fr_wanted(evidence, now)
+    return det.update(evidence, job.dumps() if wanted else None, now,
+                      full_view=view if full is None else full)
 
 
 def run(det: Detectors, job: Job, sweeps: int, now: float, per_sweep: int = 3, **kw):
@@ -994,7 +1036,7 @@ def test_a_crash_restarted_at_its_own_address_is_still_dead(stop, seen_down):
     evicted = {old} if stop == "evicted" else set()
     for i in (3, 4, 5):
         view = job.view(T0 + i)
-        found += det.update(view, None, T0 + i, evicted=evicted)
+        found += det.update(view.evidence(), None, T0 + i, full_view=view, evicted=evicted)
     got = [(f.kind, f.replica_group, f.replica_id, f.ranks) for f in found]
     want = [3] if seen_down else [2, 3]
     assert got == ([("dead", 1, old, want)] if stop == "crash" else []), got

@@ -36,8 +36,9 @@ def cut(job: Job) -> dict[int, dict]:
 def sweep(det: Detectors, job: Job, now: float):
     """One sweep as monitor.service runs it: (findings, whether it looked)."""
     view = job.view(now)
-    wanted = det.fr_wanted(view, now)
-    return det.update(view, cut(job) if wanted else None, now), bool(wanted)
+    evidence = view.evidence()
+    wanted = det.fr_wanted(evidence, now)
+    return det.update(evidence, cut(job) if wanted else None, now, full_view=view), bool(wanted)
 
 
 def healthy(det: Detectors, job: Job, now: float, sweeps: int,

@@ -91,8 +91,8 @@ def test_stuck_starting_is_1_for_the_group_an_open_finding_names_only():
             else:
                 s.update(quorum_id=quorum, step=s["step"] + 1, last_step_at=DT0 + t)
         view = job.view(DT0 + t)
-        det.update(view, None, DT0 + t)
-        publish_sweep(m, view, view, {}, det, True, LighthouseSettingsWatch())
+        det.update(view.evidence(), None, DT0 + t, full_view=view)
+        publish_sweep(m, view, view.evidence(), {}, det, True, LighthouseSettingsWatch())
         return {k: v for k, v in _series(m).items() if k[0] in ("in_quorum", "stuck_starting")}
 
     for t in range(0, 30, 5):

@@ -43,14 +43,16 @@ class LeaderSweeps:
         polls.update(self.poll(set(extra), now))
         asked = set(plan.urls)
         view = job.vb.update(job.targets, polls, now=now,
-                             polled=None if plan.everything else asked)
-        wanted = {u for u in self.det.fr_wanted(view, now) if view.ranks[u].fresh}
+                             polled=None if plan.everything else asked,
+                             judge=job.verified_by(job.lighthouse(job.targets), now))
+        evidence = view.evidence()
+        wanted = {u for u in self.det.fr_wanted(evidence, now) if view.ranks[u].fresh}
         ranks = {r for r, t in enumerate(job.targets) if t.url in wanted}
         dumps = {r: d for r, d in job.dumps().items() if r in ranks} if wanted else None
         self.asked.append({r for r, t in enumerate(job.targets) if t.url in asked})
         self.fr_from.append(ranks)
         self.view = view
-        return self.det.update(view, dumps, now)
+        return self.det.update(evidence, dumps, now, full_view=view)
 
 
     def poll(self, urls: set[str], now: float) -> dict[str, RankPoll]:

@@ -16,11 +16,8 @@ import pytest
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.detect.straggler import Straggler
-from monitor.evidence.verification import Trust
 from monitor.poll.poller import RankPoll
 from tests.test_monitor_detectors import T0, Job, kept
-
-TRUSTED = Trust("verified", "ok", "", True)
 
 
 class EveryGroupStraggler(Straggler):
@@ -114,10 +111,9 @@ def run(fast: Detectors, ref: Detectors, seed: int, sweeps: int = 120) -> set[st
                          else RankPoll(t.url, False, reason="connection", error="refused"))
                  for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
                  if t.url in polled}
-        # every rank trusted (the verification is not what this tests): the evidence view is
-        # the full one's, rank for rank
+        # verified as the service does: the evidence view is the full one's, rank for rank
         full = job.vb.update(job.targets, polls, now=now, polled=polled,
-                             judge=lambda ranks, changed: dict.fromkeys(changed, TRUSTED))
+                             judge=job.verified_by(job.lighthouse(job.targets), now))
         view = full.evidence()
         assert view is not full and full.evidence_view is view
         assert fast.fr_wanted(view, now) == ref.fr_wanted(view, now), sweep_no

@@ -23,7 +23,7 @@ from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.verification import UNVERIFIED, VERIFIED, Trust
 from monitor.service import Monitor
-from tests.test_monitor_detectors import T0, Job
+from tests.test_monitor_detectors import T0, Job, update
 from worker_server.state import node_name
 
 TIMEOUT = 30.0
@@ -81,14 +81,16 @@ def left_out_job() -> tuple[Job, Detectors]:
 
 def sweep(det: Detectors, job: Job, t: float, others_step: bool = True, quorum: int = 4,
           lighthouse: LighthouseStatus | None = None, **group_1) -> list:
-    """Groups 0 and 2 in ``quorum``, each committing a step (``others_step``); group 1's ranks'
-    states updated with ``group_1``. The stuck_starting findings newly confirmed at T0 + t."""
+    """The groups but 1 in ``quorum`` without it, each committing a step (``others_step``);
+    group 1's ranks' states updated with ``group_1``. The stuck_starting findings newly
+    confirmed at T0 + t."""
     for r, s in enumerate(job.states):
         if job.group_of(r) == 1:
             s.update(group_1)
         else:
-            s.update(quorum_id=quorum, step=s["step"] + others_step, last_step_at=T0 + t)
-    found = det.update(job.view(T0 + t), None, T0 + t, lighthouse=lighthouse)
+            s.update(quorum_id=quorum, num_participants=job.n - 1, step=s["step"] + others_step,
+                     last_step_at=T0 + t)
+    found = update(det, job, T0 + t, lighthouse=lighthouse)
     assert det.last_error is None
     return [f for f in found if f.kind == "stuck_starting"]
 
@@ -249,7 +251,7 @@ def test_a_rank_without_a_first_quorum_missing_a_poll_keeps_its_clock_and_findin
         for r in (0, 2):
             job.states[r].update(quorum_id=4, step=job.states[r]["step"] + 1,
                                  last_step_at=T0 + t)
-        found = det.update(job.view(T0 + t), None, T0 + t)
+        found = update(det, job, T0 + t)
         assert det.last_error is None
         return [(f.replica_group, f.first_seen) for f in found if f.kind == "stuck_starting"]
 
@@ -425,11 +427,12 @@ def test_a_left_out_group_is_named_until_it_steps_or_takes_part_again(how):
     assert (f.kind, f.replica_group, f.resolution) == ("stuck_starting", 1, "started")
 
 
-def status(quorum: int, **steps: int) -> LighthouseStatus:
-    """The Lighthouse's newest quorum ``quorum`` of the groups ``g<N>=step``."""
+def status(quorum: int, size: int = 2, **steps: int) -> LighthouseStatus:
+    """The Lighthouse's newest quorum ``quorum`` of the groups ``g<N>=step``, of ``size`` ranks
+    each; every group heartbeats (a Manager does while its process lives, in a quorum or not)."""
     members = {f"replica_group_{g[1:]}:sim": QuorumMember(f"replica_group_{g[1:]}:sim", step,
-                                                         "", 2) for g, step in steps.items()}
-    return LighthouseStatus(quorum, members, {rid: 0.1 for rid in members})
+                                                         "", size) for g, step in steps.items()}
+    return LighthouseStatus(quorum, members, {f"replica_group_{g}:sim": 0.1 for g in range(3)})
 
 
 def test_a_group_back_from_a_long_save_is_judged_from_when_the_save_ended():
@@ -455,7 +458,7 @@ def test_a_left_out_group_stays_named_through_a_sweep_the_others_ranks_miss(ligh
     det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT))
 
     def lh(t):
-        return status(4, g0=t // 5) if lighthouse else None
+        return status(4, size=1, g0=t // 5) if lighthouse else None
 
     for t in range(0, 35, 5):
         sweep(det, job, t, lighthouse=lh(t))
@@ -490,17 +493,22 @@ def test_a_left_out_group_takes_part_again_once_the_lighthouse_restarted_without
 
 def test_with_the_lighthouse_status_only_its_members_take_part():
     """The group reports the newest quorum id but the Lighthouse's quorum of that id does not
-    hold it (it re-asks at its old step): named; let into the next one, it takes part."""
+    hold it (it re-asks at its old step): its ranks fail verification (``not_in_quorum``), so
+    they are no evidence and nothing is named from what they claim; let into the next quorum,
+    they are verified and take part."""
     job, det = left_out_job()
-    for t in range(0, 30, 5):
+    for t in range(0, 35, 5):
         assert sweep(det, job, t, quorum_id=4, lighthouse=status(4, g0=t, g2=t)) == [], t
-    found = sweep(det, job, 30, quorum_id=4, lighthouse=status(4, g0=30, g2=30))
-    assert [(f.replica_group, f.evidence["newest_quorum_id"]) for f in found] == [(1, 4)]
-    # let in, healing: its ranks not yet told the new quorum
-    assert sweep(det, job, 35, quorum=5, lighthouse=status(5, g0=35, g1=0, g2=35)) == []
+    view = job.view(T0 + 36, job.verified_by(status(4, g0=36, g2=36), T0 + 36))
+    assert {rv.trust.reason for rv in view.ranks.values() if rv.replica_group == 1} == \
+        {"not_in_quorum"}
+    assert 1 not in view.evidence().groups
     assert named(det) == []
-    f = det.resolved_findings()[-1]
-    assert (f.kind, f.replica_group, f.resolution) == ("stuck_starting", 1, "started")
+    # let in, healing: its ranks not yet told the new quorum
+    assert sweep(det, job, 40, quorum=5, lighthouse=status(5, g0=40, g1=0, g2=40)) == []
+    assert named(det) == [] and det.resolved_findings() == []
+    lh = status(5, g0=41, g1=0, g2=41)
+    assert 1 in job.view(T0 + 41, job.verified_by(lh, T0 + 41)).evidence().groups
 
 
 def test_a_group_in_a_quorum_newer_than_the_lighthouse_status_read_takes_part():
@@ -520,8 +528,7 @@ def test_a_shard_without_the_newest_quorums_groups_names_a_left_out_group():
     job.targets, job.states = job.targets[2:4], job.states[2:4]  # group 1 only
     found = []
     for t in range(0, 35, 5):
-        view = job.view(T0 + t)
-        found += det.update(view, None, T0 + t, lighthouse=status(4, g0=t // 5, g2=t // 5))
+        found += update(det, job, T0 + t, lighthouse=status(4, g0=t // 5, g2=t // 5))
         assert det.last_error is None
     assert [(f.kind, f.replica_group, f.first_seen) for f in found] == [("stuck_starting", 1, T0)]
     ev = found[0].evidence

@@ -24,7 +24,6 @@ from monitor.api.metrics import MonitorMetrics
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
-from monitor.evidence.verification import VERIFIED, Trust
 from monitor.store import Store
 from tests.test_detect_enforcer_lifecycle import Clock, Kills
 from tests.test_job_slow_quorum import QuorumJob
@@ -56,9 +55,8 @@ def run(groups: int, ranks: int, phases: list[dict], *, use_async: bool = False,
                 job.model(ph["pre"], rng, use_async=use_async, net=ph.get("net", 0.0),
                           old=ph.get("old", ()))
             job.steps(0, now=now)
-            view = job.view(now, judge=(lambda ranks, changed: {
-                u: Trust(VERIFIED, "ok", "verified", True) for u in changed}) if enf else None)
-            new = det.update(view, None, now)
+            view = job.view(now)  # verified as the service does
+            new = det.update(view.evidence(), None, now, full_view=view)
             if enf is not None:
                 enf.clock.t = now
                 enf.judge_hosts(view, enf.record(new, now), now)  # as the service does

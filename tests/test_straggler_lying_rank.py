@@ -15,11 +15,9 @@ import pytest
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
-from monitor.evidence.verification import Trust
 from monitor.poll.poller import RankPoll
 from tests.test_monitor_detectors import T0, Job, kept
 
-TRUSTED = Trust("verified", "ok", "", True)
 LIAR = 0  # group 0's first rank: its leader, so polled under leader polling too
 SLOW_S = 0.6
 
@@ -47,7 +45,7 @@ def sweep(det: Detectors, job: Job, now: float, leaders: bool) -> list:
     polls = {t.url: RankPoll(t.url, True, data=kept(s))
              for t, s in zip(job.targets, job.states, strict=True) if t.url in polled}
     full = job.vb.update(job.targets, polls, now=now, polled=polled,
-                         judge=lambda ranks, changed: dict.fromkeys(changed, TRUSTED))
+                         judge=job.verified_by(job.lighthouse(job.targets), now))
     view = full.evidence()
     dumps = job.dumps() if det.fr_wanted(view, now) else None
     return det.update(view, dumps, now, full_view=full)
