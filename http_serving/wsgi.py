@@ -237,6 +237,7 @@ _NO_FDS = (errno.EMFILE, errno.ENFILE)
 ACCEPT_PAUSE_S = 0.5
 WRITE_STALL_S = 10.0  # a client reading none of its answers this long is closed
 MIN_IDLE_S = 1.0  # a connection this young is not closed to make room: it may be about to ask
+SENT_POLL_S = 0.005  # sent(): how often the connections' unsent answers are looked at
 
 
 class BackgroundWSGIServer:
@@ -296,6 +297,18 @@ class BackgroundWSGIServer:
                 pass
             self._thread.join(timeout=timeout)
         self._close_sockets()  # never started, or the loop did not get to it: close from here
+
+    def sent(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until no connection holds an answer not yet handed to its
+        socket (waitress sends from its loop's thread after the handler returned, so a process
+        exiting at once could lose the answer); whether none did."""
+        deadline = time.monotonic() + timeout_s
+        # the map's values copied in one call: the loop's thread adds and drops connections
+        while any(getattr(c, "total_outbufs_len", 0) for c in list(self._server._map.values())):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SENT_POLL_S)
+        return True
 
     def _close_sockets(self) -> None:
         self._server.close()

@@ -74,3 +74,26 @@ def test_a_client_that_asks_a_large_answer_and_never_reads_does_not_hold_a_threa
     finally:
         stalled.close()
         server.stop()
+
+
+def test_sent_says_whether_every_answer_went_out_to_its_socket():
+    """``sent()`` (a rank's clean end waits on it before the process exits): False while an
+    answer its client does not read is still in waitress' buffers, True once it was read."""
+    server = BackgroundWSGIServer(big).start()
+    reader = socket.socket()
+    try:
+        assert server.sent(0.0)  # nothing asked
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect((server.host, server.port))
+        reader.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reader.settimeout(10)
+        assert reader.recv(1, socket.MSG_PEEK)  # its answer began, most of it buffered
+        assert not server.sent(0.3)
+        got = 0
+        while chunk := reader.recv(1 << 20):
+            got += len(chunk)
+        assert got > 24 << 20  # the whole answer, headers included
+        assert server.sent(5.0)
+    finally:
+        reader.close()
+        server.stop()

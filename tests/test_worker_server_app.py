@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import select
+import socket
 import struct
 import threading
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from http_serving import wsgi
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.flight_recorder import IncarnationTracker
 from worker_server.packed import TIMING_KEYS, state_packed
@@ -103,6 +106,45 @@ def test_finish_says_so_and_waits_for_a_monitor_to_get_it(server):
         reader.join()
         fresh.stop()
     assert got[-1]["finished"] is True and got[-1]["phase"] == "stopped", got[-1]
+
+
+def test_finish_returns_once_the_answer_saying_finished_went_out(monkeypatch):
+    """On a busy host waitress' loop thread sends an answer well after its handler returned:
+    finish() returns (and the process may exit) only once the answer saying finished left the
+    server, not after a fixed pause (before: 0.1 s, and a clean end read as a crash). The
+    loop's sending is held here for ~0.8 s."""
+    release = threading.Event()
+    release.set()
+    monkeypatch.setattr(wsgi._Channel, "_held", lambda self: not release.is_set())
+    fresh = WorkerServer(RankState(RankIdentity())).serve()
+    ask = (b"GET /v1/state HTTP/1.1\r\nHost: x\r\nUser-Agent: lightkeeper-monitor\r\n"
+           b"Connection: close\r\n\r\n")
+    try:
+        with socket.create_connection((fresh.host, fresh.port), timeout=5) as first:
+            first.sendall(ask)  # a monitor polls this rank
+            assert first.recv(12) == b"HTTP/1.1 200"
+        release.clear()
+        outcome: dict = {}
+
+        def end() -> None:
+            outcome["read"] = fresh.finish(wait_s=5)
+            # what the monitor's socket holds the moment the process could exit
+            ready, _, _ = select.select([last], [], [], 0)
+            outcome["there"] = last.recv(1 << 16, socket.MSG_PEEK) if ready else b""
+
+        ender = threading.Thread(target=end)
+        ender.start()
+        with socket.create_connection((fresh.host, fresh.port), timeout=5) as last:
+            last.sendall(ask)  # the next poll, answered finished and held in the server
+            threading.Timer(0.8, release.set).start()
+            ender.join(10)
+            assert outcome["read"] is True
+            head, _, body = outcome["there"].partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            assert b'"finished":true' in body.replace(b" ", b"")
+    finally:
+        release.set()
+        fresh.stop()
 
 
 def test_unknown_path_and_method_are_json_errors(server):

@@ -60,7 +60,7 @@ STOP_WAIT_S = 20.0
 # sweep waiting on a dump or a dead rank): its next read is waited for this long at least
 STOP_FLOOR_S = 5.0
 POLLED_RECENTLY_S = 10.0  # finish() waits only for a reader seen this recently
-FLUSH_S = 0.1  # the server writes an answer out after its handler returns
+SENT_WAIT_S = 1.0  # finish()/stopped(): the most they wait for a read answer to be sent
 EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
 # servers of this process that are serving, held until stop(): a server started by a bare
 # WorkerServer.start(...) still serves, and checkpoint phases and planned stops must find it
@@ -522,11 +522,12 @@ class WorkerServer:
         return wait_s > 0 and self._finished_read(wait_s)
 
     def _finished_read(self, wait_s: float) -> bool:
-        """Wait up to ``wait_s`` for an answer saying finished to be sent, then for it to go
-        out (the server writes it after the handler returns)."""
+        """Wait up to ``wait_s`` for an answer saying finished to be written, then for it to go
+        out (the server sends it after the handler returns: a busy host's server thread may
+        send it well after)."""
         if not self.state.wait_finished_read(wait_s):
             return False
-        self._stop.wait(FLUSH_S)
+        self._http.sent(SENT_WAIT_S)
         return True
 
     def stop(self) -> None:

@@ -157,6 +157,12 @@ class TorchServer:
             own, self._own = self._own, None
             _shutdown(own, self.host, self.port)
 
+    def sent(self, timeout_s: float) -> bool:
+        """Wait for the answers written to go out: torch's server shows none of its buffers, so
+        SENT_S (at most ``timeout_s``), then True."""
+        time.sleep(min(SENT_S, timeout_s))
+        return True
+
     # --- the handlers' bodies: (status, body, content type) ------------------------------
     def state_(self, args: _Args) -> tuple[int, bytes, str]:
         finished = self.state.finished
@@ -188,6 +194,7 @@ _registered = False
 _lock = threading.Lock()
 _in_flight = 0  # Lightkeeper handlers running now (under _lock)
 QUIET_S = 0.05  # no handler running this long before torch's shutdown() is called
+SENT_S = 0.1  # sent(): torch's server writes an answer as its handler returns
 
 
 def job_debug_server() -> Any:
