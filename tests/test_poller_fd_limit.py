@@ -168,6 +168,7 @@ def test_a_poll_the_monitor_could_not_make_is_no_evidence():
     ways of building the view (from the last one, and afresh) agree."""
     from monitor.config import DetectorConfig
     from monitor.detect import Detectors
+    from monitor.evidence.verification import Verifier
     from monitor.evidence.view import ViewBuilder
     from monitor.poll.discovery import Target
     from monitor.poll.poller import REASONS, RankPoll
@@ -182,26 +183,30 @@ def test_a_poll_the_monitor_could_not_make_is_no_evidence():
     out_of_fds = RankPoll(targets[3].url, False, reason="monitor",
                           error="OSError: [Errno 24] Too many open files (the monitor's own ...)")
     for polled in (urls, None):  # leader polling's incremental view; every rank, afresh
-        vb, det = ViewBuilder(), Detectors(DetectorConfig(dead_sweeps=3))
+        vb, det, verifier = ViewBuilder(), Detectors(DetectorConfig(dead_sweeps=3)), Verifier()
+
+        def judge(ranks, changed, verifier=verifier):  # as a monitor without --lighthouse
+            return verifier.judge(ranks, changed, None, None, False, 100.0)
+
         view = vb.update(targets, {t.url: RankPoll(t.url, True, data=dict(s), at=100.0)
                                    for t, s in zip(targets, states, strict=True)},
-                         now=100.0, polled=polled)
+                         now=100.0, polled=polled, judge=judge)
         first = view.ranks[targets[3].url]
-        findings = det.update(view, None, 100.0)
+        findings = det.update(view.evidence(), None, 100.0, full_view=view)
         for sweep in range(1, 6):
             now = 100.0 + sweep
             polls = {t.url: RankPoll(t.url, True, data=dict(s, step=100 + sweep), at=now)
                      for t, s in zip(targets[:3], states[:3], strict=True)}
             polls[targets[3].url] = out_of_fds
-            view = vb.update(targets, polls, now=now, polled=polled)
+            view = vb.update(targets, polls, now=now, polled=polled, judge=judge)
             rv = view.ranks[targets[3].url]
             assert rv.reachable and not rv.fresh and rv.failures == 0
             assert rv.state is first.state and rv.answered_at == 100.0
-            findings += det.update(view, None, now)
+            findings += det.update(view.evidence(), None, now, full_view=view)
         assert not [f for f in findings if f.kind in ("dead", "dead_rank")]
         polls[targets[3].url] = RankPoll(targets[3].url, False, reason="connection",
                                          error="refused")
-        view = vb.update(targets, polls, now=106.0, polled=polled)
+        view = vb.update(targets, polls, now=106.0, polled=polled, judge=judge)
         rv = view.ranks[targets[3].url]
         assert not rv.reachable and rv.failures == 1 and rv.reason == "connection"
 
