@@ -73,7 +73,7 @@ class Leader(threading.Thread):
                 started, etcd_up = time.monotonic(), False
                 try:
                     if self.election.campaign():
-                        self._lead_once()
+                        self.lead_once()
                     else:
                         self._sending_seen.clear()
                         self._reported_after.clear()
@@ -110,7 +110,9 @@ class Leader(threading.Thread):
         return "; ".join(f"shard {i} is blind: {r['blind']}" for i, r in sorted(reports.items())
                          if r.get("blind")) or None
 
-    def _lead_once(self) -> None:
+    def lead_once(self) -> None:
+        """One tick of :meth:`run` while this monitor leads: the shards' reports, proposals and
+        eviction records read, the rails applied, kills sent or resent."""
         status, error = self.reader.read()
         kvs = [(kv, r) for kv in self.etcd.range_prefix(self.root + "shards/")
                if isinstance(r := kv.json(), dict) and isinstance(r.get("shard"), int)

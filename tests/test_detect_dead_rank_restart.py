@@ -32,7 +32,7 @@ def restart(job: Job, down: list[int]) -> Detectors:
     writing one, or never saw their Manager answer while they were down)."""
     kept = {}
     for r in down:
-        rv = job.vb._ranks[job.targets[r].url]
+        rv = job.last_view.ranks[job.targets[r].url]
         kept[rv.url] = (rv.unreachable_since, last_known(rv.state),
                         rv.trust.to_dict() if rv.trust else None)
     job.vb, job.verifier = ViewBuilder(), Verifier()

@@ -26,6 +26,7 @@ from monitor.detect import Detectors
 from monitor.detect.mismatch import departs_from_step_pattern
 from monitor.detect.rank_state import rank_groups
 from monitor.detect.straggler import is_late_window, straggler_lags
+from monitor.evidence.cluster import ClusterView
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.verification import Verifier
 from monitor.evidence.view import ViewBuilder
@@ -72,6 +73,7 @@ class Job:
                                                    "last_step": None, "window": None})
             self.states.append(s)
         self.vb, self.verifier = ViewBuilder(), Verifier()
+        self.last_view: ClusterView | None = None  # the last sweep's, as the API serves it
         self.targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(self.world)]
         self.down: set[int] = set()
         self.step = 0
@@ -145,7 +147,8 @@ class Job:
         targets, polls = self.polls(now)
         if judge is VERIFIED:
             judge = self.verified_by(self.lighthouse(targets), now)
-        return self.vb.update(targets, polls, now=now, judge=judge)
+        self.last_view = self.vb.update(targets, polls, now=now, judge=judge)
+        return self.last_view
 
     def verified_by(self, lighthouse: LighthouseStatus, now: float):
         """The real Verifier's judge against ``lighthouse``, as the service's."""

@@ -865,7 +865,7 @@ def sharded(etcd):
     def tick():  # one tick of Leader.run, on this thread: the test orders it with the sweeps
         h.leader_mon.now = h.mon.now
         assert h.leader.election.campaign()
-        h.leader._lead_once()
+        h.leader.lead_once()
 
     def etcd_value(kind):
         return keys(etcd, h.root).get(f"{kind}/{rid}", {}).get("value")

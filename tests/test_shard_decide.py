@@ -134,7 +134,7 @@ def test_a_shard_whose_slice_holds_no_group_is_not_blind(tmp_path, etcd_url, str
         assert [kv.key for kv in etcd.range_prefix(f"{ROOT}proposals/")] == \
             [f"{ROOT}proposals/{rid}"]
         assert leader.election.campaign()
-        leader._lead_once()  # one tick of Leader.run, on this thread
+        leader.lead_once()  # one tick of Leader.run, on this thread
         assert lighthouse.kills == [rid]
     finally:
         _resign(leader)
@@ -266,7 +266,7 @@ def test_a_proposal_left_by_a_shard_of_an_earlier_shard_count_gives_way_to_the_o
         assert etcd.get(live).json()["run"] == "up"
         assert etcd.delete_if([], f"{ROOT}shards/1")  # that monitor stopped: leader not blind
         assert leader.election.campaign()
-        leader._lead_once()  # one tick of Leader.run, on this thread
+        leader.lead_once()  # one tick of Leader.run, on this thread
         assert lighthouse.kills == [rid]
     finally:
         _resign(leader)
@@ -299,7 +299,7 @@ def test_the_leader_holds_a_proposal_while_its_group_is_out_of_sight(tmp_path, e
         mon.sweep_once()
         assert etcd.get(f"{ROOT}shards/0").json()["out_of_sight"] == [rid]
         lighthouse.status = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)]).status
-        leader._lead_once()
+        leader.lead_once()
         assert [kv.key for kv in etcd.range_prefix(f"{ROOT}proposals/")] == \
             [f"{ROOT}proposals/{rid}"]
         assert (lighthouse.kills, leader_holds()) == ([], ["out_of_sight", "min_replicas"])
@@ -309,7 +309,7 @@ def test_the_leader_holds_a_proposal_while_its_group_is_out_of_sight(tmp_path, e
             mon.sweep_once()
             if not etcd.get(f"{ROOT}shards/0").json()["out_of_sight"]:
                 break
-        leader._lead_once()
+        leader.lead_once()
         assert lighthouse.kills == [rid]
     finally:
         _resign(leader)
@@ -402,7 +402,7 @@ def _hold_a_proposal(mon, leader, lighthouse, rid: str) -> None:
     _open_mismatch(mon, 3, rid)
     mon.sweep_once()
     assert leader.election.campaign()
-    leader._lead_once()
+    leader.lead_once()
     assert lighthouse.kills == []
 
 
@@ -426,7 +426,7 @@ def test_a_shard_whose_lease_lapsed_still_lists_its_proposals_out_of_sight(tmp_p
         assert etcd.get(f"{ROOT}shards/0").json()["out_of_sight"] == [rid]
         lighthouse.status = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)]).status
         assert leader.election.campaign()
-        leader._lead_once()
+        leader.lead_once()
         assert lighthouse.kills == []
     finally:
         _resign(leader)
@@ -468,7 +468,7 @@ def test_a_finding_resolved_across_a_lapse_is_no_kill(tmp_path, etcd_url, monkey
         assert etcd.get(f"{ROOT}shards/0") is not None  # reported under a new lease
         lighthouse.status = _Lighthouse([f"replica_group_{g}:sim" for g in range(GROUPS)]).status
         assert leader.election.campaign()
-        leader._lead_once()
+        leader.lead_once()
         assert lighthouse.kills == []
         monkeypatch.undo()
         mon.sweep_once()

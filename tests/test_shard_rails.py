@@ -109,7 +109,7 @@ def _leader(etcd: MemEtcd, mon: _Monitor, lighthouse: _Lighthouse,
 def _tick(leader: Leader) -> None:
     """One tick of Leader.run, on this thread."""
     assert leader.election.campaign()
-    leader._lead_once()
+    leader.lead_once()
 
 
 def _report(etcd: MemEtcd, shard: int = 0, shards: int = 1, records_rev: bool = True) -> None:

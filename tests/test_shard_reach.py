@@ -45,7 +45,7 @@ def _monitor(tmp_path, job: SimJob, etcd_url: str, index: int | None, clock=None
 def _tick(leader: Leader) -> None:
     """One tick of Leader.run, on this thread."""
     assert leader.election.campaign()
-    leader._lead_once()
+    leader.lead_once()
 
 
 @pytest.mark.parametrize("where", ["other_slice", "same_slice"])
