@@ -47,7 +47,9 @@ def test_a_stop_waits_for_a_reader_slower_than_the_clean_ends_cap(monkeypatch):
         t0 = time.monotonic()
         assert ws.stopped() is True  # the next read came, and said it
         assert time.monotonic() - t0 < 2.0
-        assert answers[-1]["finished"] is True and answers[-1]["stopped_by"] == "SIGTERM"
+        # sent when stopped() returned; the reader's thread parses it a moment later
+        wait_until(lambda: answers[-1]["finished"] is True, 5, what="the reader got it")
+        assert answers[-1]["stopped_by"] == "SIGTERM"
     finally:
         done.set()
         reader.join(5)

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from http_serving import wsgi
+from lightkeeper.processes import wait_until
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.flight_recorder import IncarnationTracker
 from worker_server.packed import TIMING_KEYS, state_packed
@@ -123,18 +124,22 @@ def test_finish_returns_once_the_answer_saying_finished_went_out(monkeypatch):
         with socket.create_connection((fresh.host, fresh.port), timeout=5) as first:
             first.sendall(ask)  # a monitor polls this rank
             assert first.recv(12) == b"HTTP/1.1 200"
+            while first.recv(1 << 16):  # to the server's close: its handler is done, read counted
+                pass
         release.clear()
         outcome: dict = {}
-
-        def end() -> None:
-            outcome["read"] = fresh.finish(wait_s=5)
-            # what the monitor's socket holds the moment the process could exit
-            ready, _, _ = select.select([last], [], [], 0)
-            outcome["there"] = last.recv(1 << 16, socket.MSG_PEEK) if ready else b""
-
-        ender = threading.Thread(target=end)
-        ender.start()
         with socket.create_connection((fresh.host, fresh.port), timeout=5) as last:
+
+            def end() -> None:
+                outcome["read"] = fresh.finish(wait_s=5)
+                # what the monitor's socket holds as the process could exit (loopback hands
+                # sent bytes over in a softirq: a moment, not the ~0.8 s sending was held)
+                ready, _, _ = select.select([last], [], [], 0.1)
+                outcome["there"] = last.recv(1 << 16, socket.MSG_PEEK) if ready else b""
+
+            ender = threading.Thread(target=end)
+            ender.start()
+            wait_until(lambda: fresh.state.finished, 5, what="finish() said so")
             last.sendall(ask)  # the next poll, answered finished and held in the server
             threading.Timer(0.8, release.set).start()
             ender.join(10)
