@@ -96,6 +96,8 @@ def test_stuck_starting_still_found_while_another_rank_sends_a_list_as_its_pid()
     for r in job.members(2):  # group 2 never reached a quorum
         job.states[r].update(quorum_id=-1, phase="starting", replica_id=None, step=0,
                              participating=False)
+    for r in job.members(0) + job.members(1):  # the quorum of the other two
+        job.states[r].update(num_participants=2)
     job.states[0].update(pid=[1], started_at={"at": 1})  # group 0's rank 0: garbage
     found = []
     for t in (0, 5, 10.5):

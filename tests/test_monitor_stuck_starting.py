@@ -249,8 +249,8 @@ def test_a_rank_without_a_first_quorum_missing_a_poll_keeps_its_clock_and_findin
     def sweep(t, down=()):
         job.down = set(down)
         for r in (0, 2):
-            job.states[r].update(quorum_id=4, step=job.states[r]["step"] + 1,
-                                 last_step_at=T0 + t)
+            job.states[r].update(quorum_id=4, num_participants=2,
+                                 step=job.states[r]["step"] + 1, last_step_at=T0 + t)
         found = update(det, job, T0 + t)
         assert det.last_error is None
         return [(f.replica_group, f.first_seen) for f in found if f.kind == "stuck_starting"]
@@ -511,14 +511,23 @@ def test_with_the_lighthouse_status_only_its_members_take_part():
     assert 1 in job.view(T0 + 41, job.verified_by(lh, T0 + 41)).evidence().groups
 
 
-def test_a_group_in_a_quorum_newer_than_the_lighthouse_status_read_takes_part():
-    """The status was read before the ranks answered: a quorum newer than it that the others
-    take part in too holds the group (it rejoined)."""
+def test_ranks_in_a_quorum_past_the_lighthouses_are_unverified_and_name_no_group():
+    """The monitor reads the Lighthouse after the ranks, so only a restarted Lighthouse (its
+    ids afresh) is behind a quorum the ranks claim: those ranks fail verification
+    (``quorum_ahead``) and nothing is named from them; once it lists their quorum they take
+    part again."""
     job, det = left_out_job()
     for t in range(0, 30, 5):
         assert sweep(det, job, t, lighthouse=status(4, g0=t, g2=t)) == [], t
-    assert sweep(det, job, 30, quorum=5, quorum_id=5, lighthouse=status(4, g0=30, g2=30)) == []
+    behind = status(4, g0=30, g2=30)
+    assert sweep(det, job, 30, quorum=5, quorum_id=5, lighthouse=behind) == []
+    view = job.view(T0 + 31, job.verified_by(behind, T0 + 31))
+    assert {rv.trust.reason for rv in view.ranks.values()} == {"quorum_ahead"}
     assert named(det) == []
+    for t in range(35, 70, 5):
+        lh = status(5, g0=t, g1=t, g2=t)
+        assert sweep(det, job, t, quorum=5, quorum_id=5, lighthouse=lh) == [], t
+    assert named(det) == [] and det.resolved_findings() == []
 
 
 def test_a_shard_without_the_newest_quorums_groups_names_a_left_out_group():

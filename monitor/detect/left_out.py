@@ -8,7 +8,7 @@ and heartbeats at its old quorum id but never trains again.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +56,7 @@ class LeftOut:
         no-first-quorum shape names; ``lighthouse``: None: the newest quorum the ranks told."""
         timeout = self.cfg.starting_timeout_s
         q, members, fell = self._newest(view, lighthouse)
-        newer = self._newer(view, q) if members is not None else frozenset()
-        part = {g for g, gv in view.groups.items() if _takes_part(gv, q, members, newer)}
+        part = {g for g, gv in view.groups.items() if _takes_part(gv, q, members)}
         steps = [view.groups[g].step for g in part if view.groups[g].step is not None]
         # a shard may hold no group of the newest quorum: its members' steps tell the others'
         # progress (each as of its last quorum request: a step behind at most)
@@ -122,15 +121,6 @@ class LeftOut:
             self._newest_q = q
         return q, members, fell
 
-    @staticmethod
-    def _newer(view: ClusterView, q: int | None) -> frozenset[int]:
-        """Quorum ids past the Lighthouse's that two or more groups take part in: a restarted
-        Lighthouse numbers its quorums afresh while the groups train on in their old one (one
-        group alone at a higher id is one left behind)."""
-        seen = Counter(p for gv in view.groups.values() for p in gv.taking_part
-                       if q is not None and p > q)
-        return frozenset(p for p, n in seen.items() if n > 1)
-
     def _held(self, gv: GroupView, now: float) -> bool | None:
         """Every reachable rank in a held phase (``checkpoint``, ``busy``: on purpose outside the
         collectives): True while seen so under --checkpoint-timeout ago, False past; else None."""
@@ -171,13 +161,13 @@ class LeftOut:
                 for r in gv.ranks if r.rank is not None}}
 
 
-def _takes_part(gv: GroupView, q: int | None, members: dict[str, QuorumMember] | None,
-                newer: frozenset[int]) -> bool:
+def _takes_part(gv: GroupView, q: int | None, members: dict[str, QuorumMember] | None) -> bool:
     """``gv`` takes part in quorum ``q``: with the Lighthouse's ``members``, one it let in
-    (unless its ranks say they do not take part in it) or one in a ``newer`` quorum than the
-    status read; without, one whose reachable ranks take part in ``q``."""
+    (unless its ranks say they do not take part in it); without, one whose reachable ranks
+    take part in ``q``. (A rank claiming a quorum past the Lighthouse's is not verified, so
+    never here.)"""
     if members is None:
         return q in gv.taking_part
     if q in gv.quorums and q not in gv.taking_part:
         return False
-    return gv.replica_id in members or bool(gv.taking_part & newer)
+    return gv.replica_id in members
