@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.evidence.verification import Verifier
 from tests.test_monitor_detectors import T0, group_1_never_arrives
 
 KILLED = "replica_group_1:sim"
@@ -30,15 +29,13 @@ def _hangs(inside: list[int], killed: set[str], with_dumps: bool = True,
     ids = {s["replica_id"] for s in job.states}
     lighthouse = LighthouseStatus(3, {i: QuorumMember(i, 20, "", 2) for i in ids},
                                   {i: 0.1 for i in ids})
-    verifier = Verifier()
     found, evidence = [], None
     for t in (1.0, 2.0, 3.5, 4.5):
         for r in (0, 1, 4, 5):
             job.wait(r, "cross", t - 0.2, phase="allreduce")
         job.wait(2, "group" if inside else None, t - 0.1)
         job.wait(3, None)
-        view = job.view(T0 + t, lambda ranks, changed, now=T0 + t: verifier.judge(
-            ranks, changed, lighthouse, None, True, now))
+        view = job.view(T0 + t, job.verified_by(lighthouse, T0 + t))
         evidence = view.evidence()
         dumps = job.dumps() if with_dumps and det.fr_wanted(evidence, T0 + t) else None
         found += det.update(evidence, dumps, T0 + t, full_view=view, evicted=killed)
