@@ -8,6 +8,7 @@ from .rule_model import M2, NEVER_SWEPT, RESTARTED, Case, M, W, _worker, blip
 
 _STUCK = "lightkeeper_monitor_replica_group_stuck_starting"
 _IN_Q = "lightkeeper_monitor_replica_group_in_quorum"
+_UNV = "lightkeeper_monitor_ranks_answering_unverified"
 
 CASES: dict[str, list[Case]] = {
     "LightkeeperRankDown":
@@ -33,6 +34,18 @@ CASES: dict[str, list[Case]] = {
               [{"job": "train"}], interval="1m"),
          Case("none lost for over 10 minutes",
               [(f"lightkeeper_monitor_ranks_lost_total{{{M}}}", "1x20")], "15m",
+              interval="1m")],
+    "LightkeeperRanksUnverified":
+        [Case("two ranks claim one rank number for 12 minutes",
+              [(f'{_UNV}{{{M}, reason="rank_taken"}}', "0 2x14"),
+               (f'{_UNV}{{{M}, reason="no_lighthouse"}}', "0x15")], "12m",
+              [{"job": "train"}], interval="1m"),
+         Case("a Lighthouse restart's quorum ids, ahead for 3 minutes",
+              [(f'{_UNV}{{{M}, reason="quorum_ahead"}}', "0 4 4 4 0x11")], "12m",
+              interval="1m"),
+         Case("a monitor without --lighthouse, and ranks starting",
+              [(f'{_UNV}{{{M}, reason="no_lighthouse"}}', "8x15"),
+               (f'{_UNV}{{{M}, reason="no_replica_id"}}', "2x15")], "12m",
               interval="1m")],
     "LightkeeperReplicaGroupStraggling":
         [Case("group 2 computes 3x longer a step",

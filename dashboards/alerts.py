@@ -8,6 +8,10 @@ from .alert_cases import CASES
 from .promql import RANK_HEALS, RANK_HEALS_EXPR, live
 from .rule_model import Alert, Record, grown
 
+# reasons an answering rank is unverified that other alerts or the design cover: its Manager is
+# not up yet (stuck_starting), or the monitor runs without --lighthouse (it never evicts)
+UNVERIFIED_EXPECTED = "no_replica_id|no_lighthouse"
+
 RECORDS = [
     Record("lightkeeper:replica_group_step_seconds:mean1m",
            "sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_sum[1m]))\n"
@@ -71,6 +75,22 @@ ALERTS = [
         "/v1/findings and /v1/evictions say whether the group was evicted. Check that the "
         "scheduler restarts the group (it rejoins and heals from a peer); else restart it.",
         CASES["LightkeeperRanksLost"]),
+    Alert(
+        "LightkeeperRanksUnverified",
+        "max by (job) (lightkeeper_monitor_ranks_answering_unverified"
+        f'{{reason!~"{UNVERIFIED_EXPECTED}"}}) > 0', "10m", "warning",
+        "The Lightkeeper monitor cannot verify ranks of job {{ $labels.job }}",
+        "For 10 minutes some ranks have answered the monitor with claims the Lighthouse does "
+        "not bear out (or the Lighthouse could not be read): while this lasts the monitor may "
+        "not act on a fault in their replica groups.",
+        "Open the Monitor health dashboard (ranks unverified by reason) and the monitor's "
+        "/v1/ranks (each rank's verification reason and detail). unknown_replica_id or "
+        "quorum_ahead: --lighthouse names another job's Lighthouse, or it restarted; "
+        "replica_id_conflict, rank_taken, group_rank_taken: two processes claim one identity "
+        "(a stale process, or two jobs with one --job); world_size_mismatch: a group started "
+        "with another size; lighthouse_unreadable: check the Lighthouse and the monitor's "
+        "route to it.",
+        CASES["LightkeeperRanksUnverified"]),
     Alert(
         "LightkeeperReplicaGroupStraggling",
         "max by (job, replica_group) (\n"

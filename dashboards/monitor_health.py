@@ -77,10 +77,14 @@ def monitor_health() -> dict:
     L.add(timeseries(
         "Ranks verified / unverified by reason",
         "Ranks whose claims the Lighthouse and their peers confirm (only their answers are "
-        "evidence for a finding), and the others by reason (shown, never evidence).",
+        "evidence for a finding), and the others by reason (shown, never evidence): those "
+        "answering (LightkeeperRanksUnverified), and those not answering by their last verdict.",
         targets((active_sum(f"lightkeeper_monitor_ranks_verified{{{J}}}"), "verified"),
-                (active_sum(f"lightkeeper_monitor_ranks_unverified{{{J}}}", "reason"),
-                 "unverified: {{reason}}")),
+                (active_sum(f"lightkeeper_monitor_ranks_answering_unverified{{{J}}}", "reason"),
+                 "unverified: {{reason}}"),
+                (active_sum(f"lightkeeper_monitor_ranks_unverified{{{J}}}", "reason") + " - "
+                 + active_sum(f"lightkeeper_monitor_ranks_answering_unverified{{{J}}}",
+                              "reason"), "not answering, last unverified: {{reason}}")),
         interpolation="stepAfter", fill=0, min_=0), 8, 6)
     L.add(stat("Lighthouse readable",
                "Whether the monitor read and understood the Lighthouse's status at its last "

@@ -178,3 +178,37 @@ def test_registrations_help_names_every_outcome():
         if f.name == "lightkeeper_monitor_registrations"]
     for outcome in ("accepted", *REFUSALS.values()):
         assert outcome in fam.documentation, outcome
+
+
+def test_unverified_ranks_that_answer_are_counted_apart_from_unreachable_ones():
+    """``ranks_unverified`` counts every known rank by its last verdict, an unreachable one's
+    included; ``ranks_answering_unverified`` only those that answered their last poll, what
+    LightkeeperRanksUnverified alerts on (a dead rank is LightkeeperRanksUnreachable's
+    business). The real Verifier against a Lighthouse that lists none of their replica ids."""
+    from monitor.evidence.lighthouse_status import LighthouseStatus
+    from monitor.evidence.verification import Verifier
+
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(4)]
+    states = [rank_state(r, r // 2, quorum_id=4, now=T0) for r in range(4)]
+    for r, s in enumerate(states):
+        s.update(group_rank=r % 2, group_world_size=2)
+    other_job = LighthouseStatus(4, {}, {})  # --lighthouse names another job's
+    vb, verifier, m = ViewBuilder(), Verifier(), MonitorMetrics("train")
+
+    def sweep(now: float, down: set[int]):
+        polls = {t.url: RankPoll(t.url, False, reason="connection", error="refused")
+                 if r in down else RankPoll(t.url, True, data=pack_state(dict(states[r])))
+                 for r, t in enumerate(targets)}
+        view = vb.update(targets, polls, now=now, judge=lambda ranks, changed: verifier.judge(
+            ranks, changed, other_job, None, True, now))
+        publish_sweep(m, view, view.evidence(), polls, Detectors(), True,
+                      LighthouseSettingsWatch())
+
+    def value(name: str) -> float:
+        return m.registry.get_sample_value(f"lightkeeper_monitor_{name}",
+                                           {"job": "train", "reason": "unknown_replica_id"})
+
+    sweep(T0, set())
+    assert (value("ranks_unverified"), value("ranks_answering_unverified")) == (4.0, 4.0)
+    sweep(T0 + 1, {2, 3})  # group 1 gone: its ranks keep their last verdict
+    assert (value("ranks_unverified"), value("ranks_answering_unverified")) == (4.0, 2.0)

@@ -147,6 +147,9 @@ class MonitorMetrics:
         self.ranks_unverified = gauge("ranks_unverified",
                                       "Known ranks not verified, by reason (shown, never "
                                       "evidence for an eviction)", "reason")
+        self.ranks_answering_unverified = gauge(
+            "ranks_answering_unverified", "Ranks that answered their last poll and are not "
+            "verified, by reason (an unreachable rank's last verdict not counted)", "reason")
         self.lighthouse_up = gauge("lighthouse_up",
                                    "1 when the Lighthouse's status was read and understood at "
                                    "the last sweep (else ranks cannot be verified: no eviction)")
@@ -259,11 +262,15 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
     m.ranks_verified.labels(job).set(sum(n for k, n in trust.items()
                                          if k is not None and k[0] == VERIFIED))
     by_reason = dict.fromkeys(TRUST_REASONS[1:], 0)
+    answering = dict(by_reason)
     for k, n in trust.items():
         if k is not None and k[0] != VERIFIED:
             by_reason[k[1]] = by_reason.get(k[1], 0) + n
+            if not k[2]:
+                answering[k[1]] = answering.get(k[1], 0) + n
     for reason, n in by_reason.items():
         m.ranks_unverified.labels(job, reason).set(n)
+        m.ranks_answering_unverified.labels(job, reason).set(answering[reason])
     m.lighthouse_up.labels(job).set(1 if lighthouse_up else 0)
     lh_settings.publish(m, job)
     for url, p in polls.items():

@@ -31,7 +31,7 @@ class Sums:
 
     def __init__(self) -> None:
         self.known = self.up = 0
-        self.trust: dict[tuple[str, str] | None, int] = {}
+        self.trust: dict[tuple[str, str, bool] | None, int] = {}
         self.quorums: dict[int, int] = {}
 
     def add(self, gv: GroupView, sign: int) -> None:

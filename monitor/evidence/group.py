@@ -188,8 +188,8 @@ class GroupView:
                          if r.state and r.state.get("participating", True))
 
     @_kept
-    def trust_counts(self) -> dict[tuple[str, str] | None, int]:
-        """(trust state, reason) -> ranks (None: no verdict yet), over its ranks."""
+    def trust_counts(self) -> dict[tuple[str, str, bool] | None, int]:
+        """RankView.verdict -> ranks (None: no verdict yet), over its ranks."""
         return dict(Counter(r.verdict for r in self.ranks))
 
     def progressed(self, ranks: list[RankView],

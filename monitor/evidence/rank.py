@@ -200,10 +200,11 @@ class RankView:
         return not self.reachable and self.state is not None and self.state.get("finished") is True
 
     @property
-    def verdict(self) -> tuple[str, str] | None:
-        """(trust state, reason); None: no verdict yet."""
+    def verdict(self) -> tuple[str, str, bool] | None:
+        """(trust state, reason, stale: the verdict of an answer before this sweep's, the
+        rank not answering now); None: no verdict yet."""
         t = self.trust
-        return (t.state, t.reason) if t is not None else None
+        return (t.state, t.reason, t.stale) if t is not None else None
 
     def copy(self) -> RankView:
         """A shallow copy whose ``superseded`` the view it goes into decides afresh."""
