@@ -270,7 +270,7 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
                 answering[k[1]] = answering.get(k[1], 0) + n
     for reason, n in by_reason.items():
         m.ranks_unverified.labels(job, reason).set(n)
-        m.ranks_answering_unverified.labels(job, reason).set(answering[reason])
+        m.ranks_answering_unverified.labels(job, reason).set(answering.get(reason, 0))
     m.lighthouse_up.labels(job).set(1 if lighthouse_up else 0)
     lh_settings.publish(m, job)
     for url, p in polls.items():
