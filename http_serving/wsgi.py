@@ -303,8 +303,10 @@ class BackgroundWSGIServer:
         socket (waitress sends from its loop's thread after the handler returned, so a process
         exiting at once could lose the answer); whether none did."""
         deadline = time.monotonic() + timeout_s
-        # the map's values copied in one call: the loop's thread adds and drops connections
-        while any(getattr(c, "total_outbufs_len", 0) for c in list(self._server._map.values())):
+        # the map's values copied in one call: the loop's thread adds and drops connections;
+        # a request still in a task may be writing its answer
+        while any(getattr(c, "total_outbufs_len", 0) or getattr(c, "requests", None)
+                  for c in list(self._server._map.values())):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(SENT_POLL_S)

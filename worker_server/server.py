@@ -61,6 +61,9 @@ STOP_WAIT_S = 20.0
 STOP_FLOOR_S = 5.0
 POLLED_RECENTLY_S = 10.0  # finish() waits only for a reader seen this recently
 SENT_WAIT_S = 1.0  # finish()/stopped(): the most they wait for a read answer to be sent
+# ... and the least after it was written: without it a clean end was sometimes read as a crash
+# on a loaded host although sent() had seen the answer leave (cause not pinned down)
+SENT_FLOOR_S = 0.1
 EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
 # servers of this process that are serving, held until stop(): a server started by a bare
 # WorkerServer.start(...) still serves, and checkpoint phases and planned stops must find it
@@ -527,7 +530,9 @@ class WorkerServer:
         send it well after)."""
         if not self.state.wait_finished_read(wait_s):
             return False
+        written = time.monotonic()
         self._http.sent(SENT_WAIT_S)
+        self._stop.wait(max(0.0, written + SENT_FLOOR_S - time.monotonic()))
         return True
 
     def stop(self) -> None:
